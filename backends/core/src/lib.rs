@@ -1,0 +1,154 @@
+//! The contract between eeane and its inference engines.
+//!
+//! An engine takes token ids and an attention mask and returns vectors. It knows
+//! nothing of HTTP, TOML, tokenizers, pooling or other engines, and it is
+//! synchronous: eeane runs each engine on a thread of its own and feeds it
+//! through a channel. Unloading is dropping it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+/// A padded batch of token sequences, row-major `[batch, seq]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenBatch {
+    pub input_ids: Vec<i64>,
+    pub attention_mask: Vec<i64>,
+    /// Segment ids, for models that take them (BERT); `None` means all zero.
+    pub token_type_ids: Option<Vec<i64>>,
+    pub batch: usize,
+    pub seq: usize,
+    /// The real (unpadded) length of each row: engines that run one sequence at a
+    /// time at its natural length use it to skip the padding.
+    pub lengths: Vec<usize>,
+}
+
+impl TokenBatch {
+    /// Pads `rows` (ids, type ids) on the right to `seq` tokens with `pad_id`.
+    pub fn from_rows(rows: &[(&[i64], Option<&[i64]>)], seq: usize, pad_id: i64) -> Self {
+        let batch = rows.len();
+        let mut input_ids = vec![pad_id; batch * seq];
+        let mut attention_mask = vec![0; batch * seq];
+        let with_types = rows.iter().any(|(_, t)| t.is_some());
+        let mut token_type_ids = with_types.then(|| vec![0; batch * seq]);
+        let mut lengths = Vec::with_capacity(batch);
+        for (r, (ids, types)) in rows.iter().enumerate() {
+            assert!(ids.len() <= seq, "row {r} has {} tokens, more than seq {seq}", ids.len());
+            let row = r * seq..r * seq + ids.len();
+            input_ids[row.clone()].copy_from_slice(ids);
+            attention_mask[row.clone()].fill(1);
+            if let (Some(all), Some(types)) = (token_type_ids.as_mut(), types) {
+                all[row].copy_from_slice(types);
+            }
+            lengths.push(ids.len());
+        }
+        Self { input_ids, attention_mask, token_type_ids, batch, seq, lengths }
+    }
+}
+
+/// What an engine returns for a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineOutput {
+    /// One vector per row, `[batch, dim]`: the graph pools (and maybe normalizes) itself.
+    Pooled { data: Vec<f32>, batch: usize, dim: usize },
+    /// Token states `[batch, seq, dim]`, to be pooled by eeane using the mask.
+    Hidden { data: Vec<f32>, batch: usize, seq: usize, dim: usize },
+}
+
+/// The shapes an engine accepts, so the batcher can form batches it can run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputShapes {
+    /// Any batch and sequence length (ONNX Runtime with dynamic axes).
+    Dynamic,
+    /// Only these `(batch, seq)` shapes, compiled ahead (OpenVINO static shapes, Core ML).
+    Fixed(Vec<(usize, usize)>),
+    /// One sequence at a time at its natural length (ncnn on Vulkan).
+    OneAtNaturalLength,
+}
+
+/// An engine's description of itself, reported in /health and logs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineInfo {
+    /// The engine's name, e.g. "onnxruntime".
+    pub engine: String,
+    /// The device it actually runs on, which may differ from the one asked for.
+    pub device: String,
+    /// Numeric precision of the graph as loaded, e.g. "fp32" or "int8".
+    pub precision: String,
+    pub shapes: InputShapes,
+    /// Whether the model takes token type ids.
+    pub takes_token_type_ids: bool,
+    /// Layers placed on the accelerator, when the engine can tell (`accelerated`, `total`).
+    pub accelerated_layers: Option<(usize, usize)>,
+    /// Runtime library version, when known.
+    pub runtime_version: Option<String>,
+}
+
+/// What an engine needs to load one model. Paths are absolute.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EngineSpec {
+    pub model_path: PathBuf,
+    /// The runtime library to open, for engines that open theirs at run time.
+    pub runtime_library: Option<PathBuf>,
+    /// Device as configured ("cpu", "gpu:NAME", ...); each engine parses its own.
+    pub device: String,
+    /// Compute threads; 0 lets the runtime choose.
+    pub threads: usize,
+    /// Name of the output to read; `None` takes the graph's first output.
+    pub output: Option<String>,
+    /// Engine-specific settings, passed through untouched.
+    pub options: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    /// The runtime library is missing or unusable.
+    Runtime(String),
+    /// The model file is missing, unreadable, or not a graph this engine can serve.
+    Model(String),
+    /// The requested device does not exist or cannot be used.
+    Device(String),
+    /// The batch does not fit what the engine accepts.
+    Input(String),
+    /// The forward pass failed.
+    Inference(String),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::Runtime(m) => write!(f, "runtime: {m}"),
+            EngineError::Model(m) => write!(f, "model: {m}"),
+            EngineError::Device(m) => write!(f, "device: {m}"),
+            EngineError::Input(m) => write!(f, "input: {m}"),
+            EngineError::Inference(m) => write!(f, "inference: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// A loaded model, ready to run batches. Not `Sync`: one thread owns it.
+pub trait Engine: Send {
+    fn info(&self) -> &EngineInfo;
+    fn run(&mut self, batch: &TokenBatch) -> Result<EngineOutput, EngineError>;
+}
+
+/// A function that loads an engine; each backend crate exports one.
+pub type EngineLoader = fn(&EngineSpec) -> Result<Box<dyn Engine>, EngineError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_rows_pads_right_and_records_lengths() {
+        let a = [101, 7, 102];
+        let b = [101, 102];
+        let batch = TokenBatch::from_rows(&[(&a, None), (&b, None)], 4, 0);
+        assert_eq!(batch.input_ids, vec![101, 7, 102, 0, 101, 102, 0, 0]);
+        assert_eq!(batch.attention_mask, vec![1, 1, 1, 0, 1, 1, 0, 0]);
+        assert_eq!(batch.lengths, vec![3, 2]);
+        assert_eq!(batch.token_type_ids, None);
+    }
+}

@@ -1,0 +1,147 @@
+//! ONNX Runtime engine. The library is opened at run time from an explicit path,
+//! so a machine without it still builds and serves the other engines, and a
+//! missing or wrong library fails only the models that use it.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, TokenBatch};
+use ort::environment::Environment;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::Session;
+use ort::value::{Tensor, ValueType};
+
+/// ONNX Runtime allows one environment per process, bound to the first library opened.
+static RUNTIME: OnceLock<(PathBuf, Result<(Environment, String), String>)> = OnceLock::new();
+static RUNTIME_INIT: Mutex<()> = Mutex::new(());
+
+fn runtime(library: &Path) -> Result<&'static (Environment, String), EngineError> {
+    let _guard = RUNTIME_INIT.lock().unwrap_or_else(|e| e.into_inner());
+    let (opened, result) = RUNTIME.get_or_init(|| (library.to_path_buf(), open_runtime(library)));
+    if opened != library {
+        return Err(EngineError::Runtime(format!(
+            "ONNX Runtime is already loaded from {} in this process; cannot also load {}",
+            opened.display(),
+            library.display()
+        )));
+    }
+    result.as_ref().map_err(|e| EngineError::Runtime(e.clone()))
+}
+
+fn open_runtime(library: &Path) -> Result<(Environment, String), String> {
+    if !library.exists() {
+        return Err(format!(
+            "ONNX Runtime library {} does not exist (run models/setup.sh, or set [runtimes] onnxruntime)",
+            library.display()
+        ));
+    }
+    let builder = ort::init_from(library).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", library.display()))?;
+    let env = builder.with_name("eeane").build().map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
+    let version = ort::info().split_whitespace().find_map(|w| w.strip_prefix("git-branch=rel-")).unwrap_or("unknown");
+    Ok((env, version.trim_end_matches(',').to_string()))
+}
+
+pub struct OnnxRuntimeEngine {
+    session: Session,
+    info: EngineInfo,
+    output_name: String,
+}
+
+/// Loads `spec.model_path` on the CPU execution provider.
+pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+    let library = spec
+        .runtime_library
+        .as_deref()
+        .ok_or_else(|| EngineError::Runtime("no ONNX Runtime library path configured".into()))?;
+    let (env, version) = runtime(library)?;
+    if spec.device != "cpu" {
+        return Err(EngineError::Device(format!(
+            "device {:?} is not available to this build's ONNX Runtime engine; use \"cpu\"",
+            spec.device
+        )));
+    }
+    if !spec.model_path.is_file() {
+        return Err(EngineError::Model(format!("{} does not exist", spec.model_path.display())));
+    }
+    let model_err = |e: ort::Error| EngineError::Model(format!("{}: {e}", spec.model_path.display()));
+    let mut builder = Session::builder(env).map_err(model_err)?;
+    builder = builder.with_optimization_level(GraphOptimizationLevel::Level3).map_err(|e| model_err(e.into()))?;
+    if spec.threads > 0 {
+        builder = builder.with_intra_threads(spec.threads).map_err(|e| model_err(e.into()))?;
+    }
+    let session = builder.commit_from_file(&spec.model_path).map_err(model_err)?;
+
+    let input_names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
+    for required in ["input_ids", "attention_mask"] {
+        if !input_names.contains(&required) {
+            return Err(EngineError::Model(format!("the graph has no input {required:?} (inputs: {input_names:?})")));
+        }
+    }
+    if let Some(extra) = input_names.iter().find(|n| !["input_ids", "attention_mask", "token_type_ids"].contains(n)) {
+        return Err(EngineError::Model(format!("the graph takes an input {extra:?} that eeane does not provide")));
+    }
+    let output = match &spec.output {
+        Some(name) => session
+            .outputs()
+            .iter()
+            .find(|o| o.name() == name)
+            .ok_or_else(|| EngineError::Model(format!("the graph has no output {name:?}")))?,
+        None => session.outputs().first().ok_or_else(|| EngineError::Model("the graph has no outputs".into()))?,
+    };
+    let precision = match output.dtype() {
+        ValueType::Tensor { ty, shape, .. } if matches!(shape.len(), 2 | 3) => {
+            if *ty != ort::value::TensorElementType::Float32 {
+                return Err(EngineError::Model(format!("output {:?} is {ty}, eeane reads float32", output.name())));
+            }
+            // ONNX Runtime runs the graph at its own precision; the config may name it.
+            spec.options.get("precision").cloned().unwrap_or_else(|| "as-graph".into())
+        }
+        other => return Err(EngineError::Model(format!("output {:?} is {other}, expected a rank 2 or 3 tensor", output.name()))),
+    };
+    let info = EngineInfo {
+        engine: "onnxruntime".into(),
+        device: "cpu".into(),
+        precision,
+        shapes: InputShapes::Dynamic,
+        takes_token_type_ids: input_names.contains(&"token_type_ids"),
+        accelerated_layers: None,
+        runtime_version: Some(version.clone()),
+    };
+    let output_name = output.name().to_string();
+    Ok(Box::new(OnnxRuntimeEngine { session, info, output_name }))
+}
+
+impl Engine for OnnxRuntimeEngine {
+    fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    fn run(&mut self, batch: &TokenBatch) -> Result<EngineOutput, EngineError> {
+        let shape = [batch.batch as i64, batch.seq as i64];
+        let tensor = |data: &[i64]| Tensor::from_array((shape, data.to_vec())).map_err(|e| EngineError::Input(e.to_string()));
+        let mut inputs = vec![("input_ids", tensor(&batch.input_ids)?), ("attention_mask", tensor(&batch.attention_mask)?)];
+        if self.info.takes_token_type_ids {
+            let zeros;
+            let types = match &batch.token_type_ids {
+                Some(t) => t.as_slice(),
+                None => {
+                    zeros = vec![0; batch.input_ids.len()];
+                    &zeros
+                }
+            };
+            inputs.push(("token_type_ids", tensor(types)?));
+        }
+        let outputs = self.session.run(inputs).map_err(|e| EngineError::Inference(e.to_string()))?;
+        let (out_shape, data) = outputs[self.output_name.as_str()]
+            .try_extract_tensor::<f32>()
+            .map_err(|e| EngineError::Inference(e.to_string()))?;
+        let dims: Vec<usize> = out_shape.iter().map(|&d| d as usize).collect();
+        match dims.as_slice() {
+            [b, d] if *b == batch.batch => Ok(EngineOutput::Pooled { data: data.to_vec(), batch: *b, dim: *d }),
+            [b, s, d] if *b == batch.batch && *s == batch.seq => {
+                Ok(EngineOutput::Hidden { data: data.to_vec(), batch: *b, seq: *s, dim: *d })
+            }
+            _ => Err(EngineError::Inference(format!("unexpected output shape {dims:?} for a batch of {}x{}", batch.batch, batch.seq))),
+        }
+    }
+}

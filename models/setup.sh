@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what eeane needs on a fresh machine, idempotently and fast the second time:
+# a Python venv for model preparation (pinned in requirements.txt), the ONNX Runtime
+# library from its PyPI wheel, and the default model converted to ONNX.
+# Everything lands in the cache directory ($EEANE_CACHE_DIR, else ~/.cache/eeane).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${EEANE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/eeane}
+venv=$cache/venv
+mkdir -p "$cache"
+
+python=${PYTHON:-python3}
+if ! "$python" -c 'import venv, ensurepip' 2>/dev/null; then
+  echo "setup: $python lacks venv/ensurepip; installing Debian's python3-venv" >&2
+  apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+fi
+
+stamp=$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)
+if [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$stamp" ]; then
+  echo "setup: preparing the Python venv in $venv"
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet -r "$here/requirements.txt"
+  echo "$stamp" > "$venv/.requirements.sha256"
+fi
+
+"$venv/bin/python" "$here/prepare.py" --cache "$cache" onnxruntime all-minilm-l6-v2

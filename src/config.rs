@@ -1,0 +1,333 @@
+//! Layered configuration: built-in defaults < TOML file < `EEANE_*` environment < CLI flags.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::magic::RelativePathBuf;
+use figment::Figment;
+use serde::{Deserialize, Serialize, Serializer};
+
+/// The built-in defaults, including the default model.
+pub const DEFAULTS: &str = include_str!("../config/default.toml");
+
+/// Variables read by the CLI itself, not config keys.
+const CLI_ENV: &[&str] = &["CONFIG", "LOG", "CACHE_DIR"];
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub runtimes: RuntimesConfig,
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// When set, every endpoint but `GET /health` needs `Authorization: Bearer <key>`.
+    #[serde(default, serialize_with = "redact")]
+    pub api_key: Option<String>,
+    /// Most inputs in one embeddings request.
+    pub max_inputs: usize,
+    /// Largest request body accepted, in bytes.
+    pub max_request_bytes: usize,
+    /// Where runtimes and converted models live; "" means $EEANE_CACHE_DIR or ~/.cache/eeane.
+    pub cache_dir: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimesConfig {
+    /// Path of libonnxruntime.so, opened when the first onnxruntime model loads.
+    pub onnxruntime: ConfigPath,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelKind {
+    #[default]
+    Embedding,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// Mean of the token states under the attention mask.
+    #[default]
+    Mean,
+    /// The first token's state.
+    Cls,
+    /// The graph pools itself; its output is used as it comes.
+    None,
+}
+
+fn yes() -> bool {
+    true
+}
+fn cpu() -> String {
+    "cpu".into()
+}
+fn default_max_batch() -> usize {
+    32
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub id: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    #[serde(default)]
+    pub kind: ModelKind,
+    pub engine: String,
+    pub model: ConfigPath,
+    pub tokenizer: ConfigPath,
+    #[serde(default)]
+    pub pooling: Pooling,
+    #[serde(default = "yes")]
+    pub normalize: bool,
+    /// Longest input in tokens, special tokens included; longer inputs are truncated.
+    pub max_tokens: usize,
+    #[serde(default = "cpu")]
+    pub device: String,
+    /// Engine compute threads; 0 lets the runtime choose.
+    #[serde(default)]
+    pub threads: usize,
+    /// Most sequences in one forward pass.
+    #[serde(default = "default_max_batch")]
+    pub max_batch: usize,
+    /// Graph output to read; unset takes the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// Precision label reported in /health (the graph decides the real one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
+}
+
+impl ModelConfig {
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.id.as_str()).chain(self.aliases.iter().map(String::as_str))
+    }
+}
+
+/// A path in the config: `{cache}/...`, `~/...`, absolute, or relative to the
+/// file that set it. After `Config::load` it holds the resolved absolute path.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(transparent)]
+pub struct ConfigPath(RelativePathBuf);
+
+impl ConfigPath {
+    pub fn path(&self) -> PathBuf {
+        self.0.relative()
+    }
+
+    fn resolve(&mut self, cache: &Path) {
+        let original = self.0.original().to_string_lossy().into_owned();
+        let resolved = if let Some(rest) = original.strip_prefix("{cache}") {
+            cache.join(rest.trim_start_matches('/'))
+        } else if let Some(rest) = original.strip_prefix("~/") {
+            home().join(rest)
+        } else {
+            self.0.relative()
+        };
+        self.0 = RelativePathBuf::from(resolved);
+    }
+}
+
+impl Serialize for ConfigPath {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.path().serialize(s)
+    }
+}
+
+fn redact<S: Serializer>(key: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    key.as_ref().map(|_| "<redacted>").serialize(s)
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+}
+
+/// Overrides from CLI flags; unset flags leave the lower layers alone.
+#[derive(Debug, Default, Serialize)]
+pub struct CliOverrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Figment(#[from] Box<figment::Error>),
+    #[error("config file {0} does not exist")]
+    MissingFile(PathBuf),
+    #[error("{key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+/// The config file to read: the flag (or EEANE_CONFIG), else ./eeane.toml, else
+/// ~/.config/eeane/eeane.toml, else none.
+pub fn find_file(flag: Option<&Path>) -> Result<Option<PathBuf>, ConfigError> {
+    if let Some(path) = flag {
+        return if path.is_file() { Ok(Some(path.to_path_buf())) } else { Err(ConfigError::MissingFile(path.to_path_buf())) };
+    }
+    let xdg = std::env::var_os("XDG_CONFIG_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".config"));
+    Ok([PathBuf::from("eeane.toml"), xdg.join("eeane/eeane.toml")].into_iter().find(|p| p.is_file()))
+}
+
+impl Config {
+    pub fn load(file: Option<&Path>, cli: &CliOverrides) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Toml::string(DEFAULTS));
+        if let Some(file) = file {
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        let env = Env::prefixed("EEANE_").ignore(CLI_ENV).map(|key| {
+            // Short names for the common server keys; nested keys as SECTION__KEY.
+            match key.as_str() {
+                "host" | "port" | "api_key" | "max_inputs" | "max_request_bytes" => format!("server.{key}").into(),
+                _ => key.as_str().replace("__", ".").into(),
+            }
+        });
+        figment = figment.merge(env).merge(Serialized::defaults(cli).key("server"));
+        let mut config: Config = figment.extract().map_err(Box::new)?;
+        config.resolve_paths();
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn cache_dir(&self) -> PathBuf {
+        if !self.server.cache_dir.is_empty() {
+            return PathBuf::from(&self.server.cache_dir);
+        }
+        cache_dir_from_env()
+    }
+
+    fn resolve_paths(&mut self) {
+        let cache = self.cache_dir();
+        self.server.cache_dir = cache.to_string_lossy().into_owned();
+        self.runtimes.onnxruntime.resolve(&cache);
+        for m in &mut self.models {
+            m.model.resolve(&cache);
+            m.tokenizer.resolve(&cache);
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: String, message: String| Err(ConfigError::Invalid { key, message });
+        if self.server.max_inputs == 0 {
+            return invalid("server.max_inputs".into(), "must be at least 1".into());
+        }
+        if self.models.is_empty() {
+            return invalid("models".into(), "no [[models]] entry".into());
+        }
+        let mut names = HashSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let key = |field: &str| format!("models[{i}].{field} (id {:?})", m.id);
+            if m.id.trim().is_empty() {
+                return invalid(format!("models[{i}].id"), "must not be empty".into());
+            }
+            for name in m.names() {
+                if !names.insert(name.to_string()) {
+                    return invalid(key("aliases"), format!("the name {name:?} is used by another model"));
+                }
+            }
+            if !crate::engines::known(&m.engine) {
+                return invalid(
+                    key("engine"),
+                    format!("unknown engine {:?}; this build has: {}", m.engine, crate::engines::NAMES.join(", ")),
+                );
+            }
+            if m.max_tokens < 3 {
+                return invalid(key("max_tokens"), "must be at least 3".into());
+            }
+            if m.max_batch == 0 {
+                return invalid(key("max_batch"), "must be at least 1".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn cache_dir_from_env() -> PathBuf {
+    if let Some(dir) = std::env::var_os("EEANE_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("eeane")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    #[test]
+    fn defaults_serve_the_default_model() {
+        Jail::expect_with(|jail| {
+            jail.set_env("EEANE_CACHE_DIR", "/c");
+            let config = Config::load(None, &CliOverrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(config.server.port, 7997);
+            assert_eq!(config.models[0].id, "all-minilm-l6-v2");
+            assert_eq!(config.models[0].model.path(), PathBuf::from("/c/models/all-minilm-l6-v2/model.onnx"));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn layers_apply_in_order_file_env_cli() {
+        Jail::expect_with(|jail| {
+            jail.create_file("eeane.toml", "[server]\nport = 1000\nhost = \"0.0.0.0\"\nmax_inputs = 5\n")?;
+            jail.set_env("EEANE_PORT", "2000");
+            jail.set_env("EEANE_SERVER__MAX_INPUTS", "7");
+            let file = find_file(None).map_err(|e| e.to_string())?;
+            let cli = CliOverrides { port: Some(3000), ..Default::default() };
+            let config = Config::load(file.as_deref(), &cli).map_err(|e| e.to_string())?;
+            assert_eq!(config.server.host, "0.0.0.0");
+            assert_eq!(config.server.max_inputs, 7);
+            assert_eq!(config.server.port, 3000);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn file_models_replace_the_default_and_paths_resolve_against_the_file() {
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "conf/eeane.toml",
+                "[[models]]\nid = \"a\"\nengine = \"onnxruntime\"\nmodel = \"m/model.onnx\"\ntokenizer = \"~/t.json\"\nmax_tokens = 128\n",
+            )?;
+            jail.set_env("HOME", "/home/u");
+            let config = Config::load(Some(Path::new("conf/eeane.toml")), &CliOverrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(config.models.len(), 1);
+            assert_eq!(config.models[0].model.path(), jail.directory().join("conf/m/model.onnx"));
+            assert_eq!(config.models[0].tokenizer.path(), PathBuf::from("/home/u/t.json"));
+            assert_eq!(config.models[0].pooling, Pooling::Mean);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        Jail::expect_with(|jail| {
+            jail.create_file("bad.toml", "[server]\nport = \"seven\"\n")?;
+            let err = Config::load(Some(Path::new("bad.toml")), &CliOverrides::default()).unwrap_err().to_string();
+            assert!(err.contains("server.port"), "{err}");
+            jail.create_file("typo.toml", "[server]\nprot = 1\n")?;
+            let err = Config::load(Some(Path::new("typo.toml")), &CliOverrides::default()).unwrap_err().to_string();
+            assert!(err.contains("prot"), "{err}");
+            jail.create_file(
+                "dup.toml",
+                "[[models]]\nid = \"a\"\nengine = \"onnxruntime\"\nmodel = \"m\"\ntokenizer = \"t\"\nmax_tokens = 9\n\
+                 [[models]]\nid = \"b\"\naliases = [\"a\"]\nengine = \"nope\"\nmodel = \"m\"\ntokenizer = \"t\"\nmax_tokens = 9\n",
+            )?;
+            let err = Config::load(Some(Path::new("dup.toml")), &CliOverrides::default()).unwrap_err().to_string();
+            assert!(err.contains("models[1].aliases"), "{err}");
+            Ok(())
+        });
+    }
+}

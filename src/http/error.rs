@@ -1,0 +1,106 @@
+//! Every error the API returns, and its one mapping to HTTP:
+//! `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use eeane_backend_core::EngineError;
+use serde_json::json;
+
+use crate::model::ModelError;
+use crate::tokenize::TokenizeError;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub code: &'static str,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, kind, code, message: message.into(), param: None }
+    }
+
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    /// 400: the body is not JSON, or a value is empty or out of range.
+    pub fn invalid_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
+    }
+
+    /// 422: well-formed JSON whose values have the wrong type or meaning.
+    pub fn unprocessable(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error", code, message)
+    }
+
+    /// 413: too many inputs, or a body over the size limit.
+    pub fn too_large(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", code, message)
+    }
+
+    pub fn model_not_found(name: &str, servable: &[&str]) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("The model {name:?} does not exist. Servable models: {}", servable.join(", ")),
+        )
+        .with_param("model")
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "authentication_error", "invalid_api_key", "Missing or invalid API key: send Authorization: Bearer <key>")
+    }
+
+    pub fn route_not_found(path: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", format!("No route {path}"))
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", "Method not allowed on this route")
+    }
+
+    /// 503: the model cannot serve now (failed load, missing runtime, stopped engine).
+    pub fn model_unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_unavailable", message)
+    }
+
+    /// 500: the engine failed on this input.
+    pub fn engine_failed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "engine_error", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<ModelError> for ApiError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Tokenize(e @ TokenizeError::OutOfVocabulary { input, .. }) => {
+                ApiError::unprocessable("token_id_out_of_vocabulary", format!(
+                    "{e}. Token ids must come from this model's own tokenizer (not tiktoken; LangChain users: set check_embedding_ctx_length=False)"
+                ))
+                .with_param(format!("input[{input}]"))
+            }
+            ModelError::Tokenize(e @ TokenizeError::Tokenizer(_)) => ApiError::invalid_request("tokenization_failed", e.to_string()).with_param("input"),
+            ModelError::Engine(e @ EngineError::Inference(_)) => ApiError::engine_failed(e.to_string()),
+            ModelError::Engine(e @ EngineError::Input(_)) => ApiError::unprocessable("unsupported_input", e.to_string()),
+            ModelError::Engine(e) => ApiError::model_unavailable(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! The HTTP surface: one file per API, errors mapped in `error`, and the
+//! cross-cutting layers (auth, body limit, tracing) here.
+
+pub mod error;
+mod health;
+mod openai;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, Method};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use subtle::ConstantTimeEq;
+use tower_http::trace::TraceLayer;
+
+use crate::config::Config;
+use crate::registry::Registry;
+use error::ApiError;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub registry: Arc<Registry>,
+}
+
+pub fn router(state: AppState) -> Router {
+    // Every endpoint answers with and without the /v1 prefix.
+    let api = Router::new().route("/embeddings", post(openai::embeddings)).route("/models", get(openai::models));
+    Router::new()
+        .merge(api.clone())
+        .nest("/v1", api)
+        .route("/health", get(health::health))
+        .route("/v1/health", get(health::health))
+        .fallback(|uri: axum::http::Uri| async move { ApiError::route_not_found(uri.path()) })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .layer(DefaultBodyLimit::max(state.config.server.max_request_bytes))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// With `api_key` set, every request but `GET /health` must carry it as a bearer token.
+async fn require_api_key(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(key) = app.config.server.api_key.as_deref().filter(|k| !k.is_empty()) else {
+        return next.run(request).await;
+    };
+    if request.method() == Method::GET && matches!(request.uri().path(), "/health" | "/v1/health") {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if bool::from(presented.as_bytes().ct_eq(key.as_bytes())) {
+        next.run(request).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}

@@ -1,0 +1,205 @@
+//! OpenAI-compatible `POST /v1/embeddings` and `GET /v1/models`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::model::Inputs;
+use crate::pooling::truncate_dimensions;
+use crate::registry::SlotState;
+
+#[derive(Debug, Deserialize)]
+pub struct EmbeddingsRequest {
+    pub input: Option<Value>,
+    pub model: Option<String>,
+    pub encoding_format: Option<EncodingFormat>,
+    pub dimensions: Option<usize>,
+    /// Accepted for compatibility; unused.
+    #[allow(dead_code)]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EncodingFormat {
+    #[default]
+    Float,
+    Base64,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum EmbeddingValue {
+    Float(Vec<f32>),
+    /// Little-endian f32 bytes, as openai-python requests by default.
+    Base64(String),
+}
+
+#[derive(Serialize)]
+struct EmbeddingData {
+    object: &'static str,
+    index: usize,
+    embedding: EmbeddingValue,
+}
+
+#[derive(Serialize)]
+struct EmbeddingsResponse {
+    object: &'static str,
+    data: Vec<EmbeddingData>,
+    model: String,
+    usage: Usage,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
+/// Reads a JSON body: syntax errors are 400, wrong types 422 naming the field.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large("body_too_large", "The request body is larger than the server accepts (server.max_request_bytes)"),
+        _ => ApiError::invalid_request("unreadable_body", rejection.body_text()),
+    })?;
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => ApiError::unprocessable("invalid_type", format!("{path}: {inner}")).with_param(path),
+            _ => ApiError::invalid_request("invalid_json", format!("The body is not valid JSON: {inner}")),
+        }
+    })
+}
+
+const INPUT_SHAPES: &str = "input must be a string, an array of strings, an array of token ids, or an array of token-id arrays";
+
+/// Turns the `input` value into texts or token-id lists, rejecting empty and mixed inputs.
+pub fn parse_input(input: Option<Value>, max_inputs: usize) -> Result<Inputs, ApiError> {
+    let empty = |param: String| ApiError::invalid_request("empty_input", format!("{param} is empty; every input needs at least one character or token")).with_param(param);
+    let items = match input {
+        None | Some(Value::Null) => return Err(ApiError::invalid_request("missing_input", "input is required").with_param("input")),
+        Some(Value::String(s)) if s.is_empty() => return Err(empty("input".into())),
+        Some(Value::String(s)) => return Ok(Inputs::Texts(vec![s])),
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(ApiError::unprocessable("invalid_type", INPUT_SHAPES).with_param("input")),
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid_request("empty_input", "input is an empty list").with_param("input"));
+    }
+    if items.len() > max_inputs {
+        return Err(ApiError::too_large("too_many_inputs", format!("{} inputs; at most {max_inputs} per request", items.len())).with_param("input"));
+    }
+    let token_id = |v: &Value, param: String| {
+        v.as_i64()
+            .filter(|&id| id >= 0)
+            .ok_or_else(|| ApiError::unprocessable("invalid_token_id", format!("{param} must be a non-negative integer token id")).with_param(param))
+    };
+    match &items[0] {
+        Value::String(_) => items
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) if s.is_empty() => Err(empty(format!("input[{i}]"))),
+                Value::String(s) => Ok(s),
+                _ => Err(ApiError::unprocessable("invalid_type", INPUT_SHAPES).with_param(format!("input[{i}]"))),
+            })
+            .collect::<Result<_, _>>()
+            .map(Inputs::Texts),
+        Value::Number(_) => {
+            let ids = items.iter().enumerate().map(|(i, v)| token_id(v, format!("input[{i}]"))).collect::<Result<_, _>>()?;
+            Ok(Inputs::TokenIds(vec![ids]))
+        }
+        Value::Array(_) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::Array(ids) if ids.is_empty() => Err(empty(format!("input[{i}]"))),
+                Value::Array(ids) => ids.iter().enumerate().map(|(j, id)| token_id(id, format!("input[{i}][{j}]"))).collect(),
+                _ => Err(ApiError::unprocessable("invalid_type", INPUT_SHAPES).with_param(format!("input[{i}]"))),
+            })
+            .collect::<Result<_, _>>()
+            .map(Inputs::TokenIds),
+        _ => Err(ApiError::unprocessable("invalid_type", INPUT_SHAPES).with_param("input[0]")),
+    }
+}
+
+pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
+    let request: EmbeddingsRequest = parse_json(body)?;
+    let inputs = parse_input(request.input, app.config.server.max_inputs)?;
+    let slot = app
+        .registry
+        .find(request.model.as_deref())
+        .ok_or_else(|| ApiError::model_not_found(request.model.as_deref().unwrap_or(""), &app.registry.ids()))?;
+    let model = slot.get_or_load(&app.config).await.map_err(|reason| ApiError::model_unavailable(reason.to_string()))?;
+    if let Some(dims) = request.dimensions {
+        if dims == 0 || dims > model.dimensions {
+            return Err(ApiError::invalid_request("invalid_dimensions", format!("dimensions must be between 1 and {} for this model", model.dimensions))
+                .with_param("dimensions"));
+        }
+    }
+    let format = request.encoding_format.unwrap_or_default();
+    let result = model.embed(inputs).await?;
+    let data = result
+        .vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, mut v)| {
+            if let Some(dims) = request.dimensions {
+                truncate_dimensions(&mut v, dims);
+            }
+            let embedding = match format {
+                EncodingFormat::Float => EmbeddingValue::Float(v),
+                EncodingFormat::Base64 => {
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    EmbeddingValue::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+                }
+            };
+            EmbeddingData { object: "embedding", index, embedding }
+        })
+        .collect();
+    let response = EmbeddingsResponse {
+        object: "list",
+        data,
+        model: slot.config.id.clone(),
+        usage: Usage { prompt_tokens: result.tokens, total_tokens: result.tokens },
+    };
+    Ok(Json(response))
+}
+
+pub async fn models(State(app): State<AppState>) -> Json<Value> {
+    let data: Vec<Value> = app
+        .registry
+        .slots()
+        .iter()
+        .map(|slot| {
+            let state = slot.state();
+            let dimensions = match &state {
+                SlotState::Loaded(m) => Some(m.dimensions),
+                _ => None,
+            };
+            json!({
+                "id": slot.config.id,
+                "object": "model",
+                "created": 0,
+                "owned_by": "eeane",
+                "kind": slot.config.kind,
+                "engine": slot.config.engine,
+                "aliases": slot.config.aliases,
+                "max_tokens": slot.config.max_tokens,
+                "dimensions": dimensions,
+                "state": state.name(),
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}

@@ -1,0 +1,11 @@
+//! eeane: many text-embedding models, each bound through a TOML registry to a
+//! pluggable engine, served over an OpenAI-compatible HTTP API.
+
+pub mod batcher;
+pub mod config;
+pub mod engines;
+pub mod http;
+pub mod model;
+pub mod pooling;
+pub mod registry;
+pub mod tokenize;

@@ -1,0 +1,101 @@
+//! A loaded model: its tokenizer, its engine worker, and the path from inputs
+//! to vectors.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use eeane_backend_core::{EngineError, EngineSpec};
+
+use crate::batcher::{EngineWorker, Pipeline};
+use crate::config::{Config, ModelConfig};
+use crate::tokenize::{Encoded, TextTokenizer, TokenizeError};
+
+/// What a request asks to embed.
+#[derive(Debug, Clone)]
+pub enum Inputs {
+    Texts(Vec<String>),
+    TokenIds(Vec<Vec<i64>>),
+}
+
+impl Inputs {
+    pub fn len(&self) -> usize {
+        match self {
+            Inputs::Texts(t) => t.len(),
+            Inputs::TokenIds(t) => t.len(),
+        }
+    }
+}
+
+pub struct Embeddings {
+    pub vectors: Vec<Vec<f32>>,
+    /// Tokens the model processed, special tokens included.
+    pub tokens: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Tokenize(#[from] TokenizeError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+pub struct LoadedModel {
+    pub config: ModelConfig,
+    tokenizer: Arc<TextTokenizer>,
+    worker: EngineWorker,
+    /// Width of the model's vectors, measured by a warm-up pass at load.
+    pub dimensions: usize,
+    pub load_ms: u64,
+}
+
+impl LoadedModel {
+    /// Loads the tokenizer and engine, then embeds one short input so that a
+    /// model that cannot answer fails here, not on a user's request.
+    pub async fn load(config: &ModelConfig, server: &Config) -> Result<Self, ModelError> {
+        let started = Instant::now();
+        let tokenizer = {
+            let (path, max) = (config.tokenizer.path(), config.max_tokens);
+            tokio::task::spawn_blocking(move || TextTokenizer::from_file(&path, max)).await.expect("tokenizer load panicked")?
+        };
+        let loader = crate::engines::loader(&config.engine)
+            .ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
+        let spec = EngineSpec {
+            model_path: config.model.path(),
+            runtime_library: Some(server.runtimes.onnxruntime.path()),
+            device: config.device.clone(),
+            threads: config.threads,
+            output: config.output.clone(),
+            options: config.precision.iter().map(|p| ("precision".to_string(), p.clone())).collect(),
+        };
+        let pipeline =
+            Pipeline { pooling: config.pooling, normalize: config.normalize, max_batch: config.max_batch, pad_id: tokenizer.pad_id() };
+        let worker = EngineWorker::start(&config.id, loader, spec, pipeline).await?;
+        let tokenizer = Arc::new(tokenizer);
+        let warm = tokenizer.encode_texts(&["eeane".to_string()])?;
+        let dimensions = worker.embed(warm).await?[0].len();
+        Ok(Self { config: config.clone(), tokenizer, worker, dimensions, load_ms: started.elapsed().as_millis() as u64 })
+    }
+
+    pub fn engine_info(&self) -> &eeane_backend_core::EngineInfo {
+        self.worker.info()
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.vocab_size()
+    }
+
+    pub async fn embed(&self, inputs: Inputs) -> Result<Embeddings, ModelError> {
+        let tokenizer = self.tokenizer.clone();
+        // Tokenizing thousands of texts takes milliseconds: keep it off the async workers.
+        let seqs: Vec<Encoded> = tokio::task::spawn_blocking(move || match &inputs {
+            Inputs::Texts(texts) => tokenizer.encode_texts(texts),
+            Inputs::TokenIds(ids) => tokenizer.encode_ids(ids),
+        })
+        .await
+        .expect("tokenizer panicked")?;
+        let tokens = seqs.iter().map(|s| s.ids.len()).sum();
+        let vectors = self.worker.embed(seqs).await?;
+        Ok(Embeddings { vectors, tokens })
+    }
+}

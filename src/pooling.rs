@@ -1,0 +1,60 @@
+//! Pooling, normalization and `dimensions`, shared by every engine.
+
+use crate::config::Pooling;
+
+/// Pools one row of token states `[seq, dim]` over its first `len` (real) tokens.
+/// Padding never reaches the result: only the first `len` rows are read.
+pub fn pool(states: &[f32], dim: usize, len: usize, pooling: Pooling) -> Vec<f32> {
+    match pooling {
+        Pooling::Cls => states[..dim].to_vec(),
+        Pooling::None => unreachable!("graphs that pool return pooled output, which is never pooled again"),
+        Pooling::Mean => {
+            let mut sum = vec![0f64; dim];
+            for token in states[..len * dim].chunks_exact(dim) {
+                for (s, &v) in sum.iter_mut().zip(token) {
+                    *s += v as f64;
+                }
+            }
+            sum.into_iter().map(|s| (s / len.max(1) as f64) as f32).collect()
+        }
+    }
+}
+
+/// Scales `v` to unit length; a zero vector stays zero.
+pub fn normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
+    }
+}
+
+/// OpenAI's `dimensions`: keep the first `dims` values and renormalize.
+pub fn truncate_dimensions(v: &mut Vec<f32>, dims: usize) {
+    v.truncate(dims);
+    normalize(v);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_ignores_padding_rows() {
+        let states = [1.0, 2.0, 3.0, 4.0, 100.0, 100.0];
+        assert_eq!(pool(&states, 2, 2, Pooling::Mean), vec![2.0, 3.0]);
+        assert_eq!(pool(&states, 2, 2, Pooling::Cls), vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn normalize_and_truncate() {
+        let mut v = vec![3.0, 4.0, 12.0];
+        normalize(&mut v);
+        assert!((v.iter().map(|x| x * x).sum::<f32>() - 1.0).abs() < 1e-6);
+        truncate_dimensions(&mut v, 2);
+        assert_eq!(v.len(), 2);
+        assert!((v[0] - 0.6).abs() < 1e-6 && (v[1] - 0.8).abs() < 1e-6);
+        let mut zero = vec![0.0; 3];
+        normalize(&mut zero);
+        assert_eq!(zero, vec![0.0; 3]);
+    }
+}
