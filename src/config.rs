@@ -185,13 +185,16 @@ impl Config {
     pub fn load(file: Option<&Path>, cli: &CliOverrides) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULTS));
         if let Some(file) = file {
+            // Absolute, so that paths relative to the file resolve to absolute paths.
+            let file = std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf());
             figment = figment.merge(Toml::file_exact(file));
         }
         let env = Env::prefixed("EEANE_").ignore(CLI_ENV).map(|key| {
             // Short names for the common server keys; nested keys as SECTION__KEY.
+            let key = key.as_str().to_ascii_lowercase();
             match key.as_str() {
                 "host" | "port" | "api_key" | "max_inputs" | "max_request_bytes" => format!("server.{key}").into(),
-                _ => key.as_str().replace("__", ".").into(),
+                _ => key.replace("__", ".").into(),
             }
         });
         figment = figment.merge(env).merge(Serialized::defaults(cli).key("server"));
@@ -297,6 +300,7 @@ mod tests {
     #[test]
     fn file_models_replace_the_default_and_paths_resolve_against_the_file() {
         Jail::expect_with(|jail| {
+            jail.create_dir("conf")?;
             jail.create_file(
                 "conf/eeane.toml",
                 "[[models]]\nid = \"a\"\nengine = \"onnxruntime\"\nmodel = \"m/model.onnx\"\ntokenizer = \"~/t.json\"\nmax_tokens = 128\n",

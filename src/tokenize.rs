@@ -14,7 +14,7 @@ pub struct Encoded {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TokenizeError {
-    #[error("token id {id} at input[{input}][{position}] is outside the model's vocabulary (0..{vocab_size})")]
+    #[error("token id {id} (input {input}, position {position}) is outside the model's vocabulary (0..{vocab_size})")]
     OutOfVocabulary { input: usize, position: usize, id: i64, vocab_size: usize },
     #[error("tokenizer: {0}")]
     Tokenizer(String),

@@ -91,11 +91,11 @@ impl IntoResponse for ApiError {
 impl From<ModelError> for ApiError {
     fn from(e: ModelError) -> Self {
         match e {
-            ModelError::Tokenize(e @ TokenizeError::OutOfVocabulary { input, .. }) => {
+            ModelError::Tokenize(e @ TokenizeError::OutOfVocabulary { input, position, .. }) => {
                 ApiError::unprocessable("token_id_out_of_vocabulary", format!(
                     "{e}. Token ids must come from this model's own tokenizer (not tiktoken; LangChain users: set check_embedding_ctx_length=False)"
                 ))
-                .with_param(format!("input[{input}]"))
+                .with_param(format!("input[{input}][{position}]"))
             }
             ModelError::Tokenize(e @ TokenizeError::Tokenizer(_)) => ApiError::invalid_request("tokenization_failed", e.to_string()).with_param("input"),
             ModelError::Engine(e @ EngineError::Inference(_)) => ApiError::engine_failed(e.to_string()),

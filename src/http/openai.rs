@@ -135,6 +135,8 @@ pub fn parse_input(input: Option<Value>, max_inputs: usize) -> Result<Inputs, Ap
 
 pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
     let request: EmbeddingsRequest = parse_json(body)?;
+    // A flat list of ids is one input: its errors name input[j], not input[0][j].
+    let flat_ids = matches!(&request.input, Some(Value::Array(a)) if a.first().is_some_and(Value::is_number));
     let inputs = parse_input(request.input, app.config.server.max_inputs)?;
     let slot = app
         .registry
@@ -148,7 +150,13 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
         }
     }
     let format = request.encoding_format.unwrap_or_default();
-    let result = model.embed(inputs).await?;
+    let result = model.embed(inputs).await.map_err(|e| {
+        let mut error = ApiError::from(e);
+        if flat_ids {
+            error.param = error.param.map(|p| p.replacen("input[0]", "input", 1));
+        }
+        error
+    })?;
     let data = result
         .vectors
         .into_iter()

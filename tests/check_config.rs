@@ -1,0 +1,79 @@
+//! `eeane check-config`: the example file passes; broken files exit 2 naming the key.
+
+use std::process::{Command, Output};
+
+fn check_config(config: &str, env: &[(&str, &str)]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eeane.toml");
+    std::fs::write(&path, config).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_eeane"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .env_remove("EEANE_API_KEY")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_example_file_is_valid_and_documents_every_key() {
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/eeane.example.toml")).unwrap();
+    let out = check_config(&example, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let resolved: toml::Value = toml::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    assert_eq!(resolved["models"][0]["id"].as_str(), Some("all-minilm-l6-v2"));
+    assert!(resolved["models"][0]["model"].as_str().unwrap().ends_with("/models/all-minilm-l6-v2/model.onnx"));
+    // Every key the resolved config has appears in the example, so none is undocumented.
+    let mut keys = Vec::new();
+    for (section, table) in resolved.as_table().unwrap() {
+        let tables = match table {
+            toml::Value::Array(items) => items.iter().filter_map(|t| t.as_table()).collect::<Vec<_>>(),
+            toml::Value::Table(t) => vec![t],
+            _ => vec![],
+        };
+        for t in tables {
+            keys.extend(t.keys().map(|k| format!("{section}.{k}")));
+        }
+    }
+    for key in ["server.api_key", "models.output", "models.precision"] {
+        keys.push(key.into());
+    }
+    for key in keys {
+        let name = key.rsplit('.').next().unwrap();
+        assert!(example.contains(&format!("\n{name} =")) || example.contains(&format!("# {name} =")), "{key} is not documented");
+    }
+}
+
+#[test]
+fn the_api_key_is_never_printed() {
+    let out = check_config("[server]\napi_key = \"hunter2\"\n", &[]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(!stdout.contains("hunter2") && stdout.contains("<redacted>"), "{stdout}");
+    let out = check_config("", &[("EEANE_API_KEY", "from-env")]);
+    assert!(!String::from_utf8(out.stdout).unwrap().contains("from-env"));
+}
+
+#[test]
+fn broken_files_exit_2_with_a_message_naming_the_key() {
+    let model = "[[models]]\nid = \"m\"\nengine = \"onnxruntime\"\nmodel = \"m.onnx\"\ntokenizer = \"t.json\"\nmax_tokens = 128\n";
+    let cases = [
+        ("[server]\nport = \"seven\"\n".to_string(), "server.port"),
+        ("[server]\nprot = 7997\n".to_string(), "prot"),
+        ("[server]\nport = 70000\n".to_string(), "server.port"),
+        ("[server\nport = 1\n".to_string(), "TOML"),
+        (format!("{model}pooling = \"avg\"\n"), "pooling"),
+        (format!("{model}engine_typo = 1\n"), "engine_typo"),
+        (model.replace("engine = \"onnxruntime\"", "engine = \"tensorrt\""), "models[0].engine"),
+        (model.replace("max_tokens = 128\n", ""), "max_tokens"),
+        (format!("{model}{}", model.replace("id = \"m\"", "id = \"n\"\naliases = [\"m\"]")), "models[1].aliases"),
+        ("models = []\n".to_string(), "models"),
+    ];
+    for (config, key) in cases {
+        let out = check_config(&config, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{config}\n{stderr}");
+        assert!(stderr.contains(key), "message does not name {key:?}: {stderr}");
+        eprintln!("{key}: {stderr}");
+    }
+}

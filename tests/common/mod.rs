@@ -1,0 +1,180 @@
+//! Test harness: the real `eeane` binary on a free port, the real model from
+//! the cache (prepared by models/setup.sh), and the Python reference.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("EEANE_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/eeane"))
+}
+
+pub fn minilm_dir() -> PathBuf {
+    let dir = cache_dir().join("models/all-minilm-l6-v2");
+    assert!(dir.join("model.onnx").exists(), "{} is missing: run `bash tests/run.sh` (or models/setup.sh) first", dir.display());
+    dir
+}
+
+pub struct Server {
+    child: Child,
+    pub url: String,
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts `eeane serve --port 0` in an empty directory, with `config` as its
+    /// TOML file if given (else the built-in defaults), and waits for it to listen.
+    pub fn start(config: Option<&str>, env: &[(&str, &str)]) -> Server {
+        minilm_dir();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_eeane"));
+        if let Some(text) = config {
+            std::fs::write(dir.path().join("test.toml"), text).unwrap();
+            cmd.arg("--config").arg(dir.path().join("test.toml"));
+        }
+        cmd.args(["serve", "--port", "0"])
+            .current_dir(dir.path())
+            .env("XDG_CONFIG_HOME", dir.path())
+            .env_remove("EEANE_CONFIG")
+            .env_remove("EEANE_API_KEY")
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap());
+        let mut child = cmd.spawn().expect("spawn eeane");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("eeane: listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(url) => Server { child, url, dir },
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default();
+                panic!("eeane did not start listening; stderr:\n{log}");
+            }
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(path, body.to_string().into_bytes(), &[])
+    }
+
+    pub fn post_raw(&self, path: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> (u16, Value) {
+        let mut request = client().post(format!("{}{path}", self.url)).body(body).header("content-type", "application/json");
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().expect("request");
+        let status = response.status().as_u16();
+        (status, response.json().unwrap_or(Value::Null))
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        let response = client().get(format!("{}{path}", self.url)).send().expect("request");
+        (response.status().as_u16(), response.json().unwrap_or(Value::Null))
+    }
+
+    /// Embeds `input` with extra request fields; panics unless 200.
+    pub fn embed(&self, input: Value, extra: Value) -> Vec<Vec<f32>> {
+        let mut body = json!({ "input": input });
+        body.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+        let (status, response) = self.post("/v1/embeddings", &body);
+        assert_eq!(status, 200, "{response}");
+        vectors(&response)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().timeout(Duration::from_secs(300)).build().unwrap()
+}
+
+/// The vectors of an embeddings response, float or base64, in `index` order.
+pub fn vectors(response: &Value) -> Vec<Vec<f32>> {
+    use base64::Engine as _;
+    let data = response["data"].as_array().expect("data");
+    for (i, item) in data.iter().enumerate() {
+        assert_eq!(item["index"], i, "data[{i}].index");
+        assert_eq!(item["object"], "embedding");
+    }
+    data.iter()
+        .map(|item| match &item["embedding"] {
+            Value::Array(values) => values.iter().map(|v| v.as_f64().unwrap() as f32).collect(),
+            Value::String(b64) => base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+            other => panic!("embedding is {other}"),
+        })
+        .collect()
+}
+
+pub struct Reference {
+    pub vectors: Vec<Vec<f64>>,
+    pub content_ids: Vec<Vec<i64>>,
+    pub token_counts: Vec<usize>,
+}
+
+/// Vectors from tests/reference/embed.py (onnxruntime + tokenizers in Python).
+pub fn reference(texts: &[String], max_tokens: usize) -> Reference {
+    let python = std::env::var_os("EEANE_PYTHON").map(PathBuf::from).unwrap_or_else(|| cache_dir().join("venv/bin/python"));
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/embed.py");
+    let mut child = Command::new(&python)
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e} (run `bash tests/run.sh`)", python.display()));
+    let request = json!({"model_dir": minilm_dir(), "max_tokens": max_tokens, "texts": texts});
+    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "reference script failed");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f64s = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect::<Vec<_>>();
+    Reference {
+        vectors: v["vectors"].as_array().unwrap().iter().map(f64s).collect(),
+        content_ids: v["content_ids"].as_array().unwrap().iter().map(|ids| f64s(ids).into_iter().map(|x| x as i64).collect()).collect(),
+        token_counts: v["token_counts"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect(),
+    }
+}
+
+pub fn cosine(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y).sum();
+    let na: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+pub fn as_f64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+pub fn fixture_texts() -> Vec<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/texts.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh clone: installs what is missing (models/setup.sh),
+# then runs every unit and integration test against the real engine and model.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v cargo >/dev/null || { echo "tests/run.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
+bash models/setup.sh
+cargo test --release --workspace --locked -- --nocapture 2>&1
