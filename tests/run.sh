@@ -5,4 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "tests/run.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 bash models/setup.sh
-cargo test --release --workspace --locked -- --nocapture 2>&1
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --release --workspace --locked -- --nocapture 2>&1 | tee "$log" || status=$?
+# One closing line over all test binaries (cargo prints one per binary, the last often doc-tests with 0).
+awk '/^test result:/ { passed += $4; failed += $6 } END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"
+exit "$status"

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::config::{Config, ModelConfig};
+use crate::config::{Config, ModelConfig, ModelKind};
 use crate::model::{LoadedModel, ModelError};
 
 #[derive(Clone)]
@@ -104,7 +104,7 @@ impl Registry {
     pub fn find(&self, name: Option<&str>) -> Option<&Arc<ModelSlot>> {
         match name {
             Some(name) => self.by_name.get(name).map(|&i| &self.slots[i]),
-            None => self.slots.first(),
+            None => self.slots.iter().find(|s| s.config.kind == ModelKind::Embedding),
         }
     }
 

@@ -37,8 +37,12 @@ fn open_runtime(library: &Path) -> Result<(Environment, String), String> {
     }
     let builder = ort::init_from(library).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", library.display()))?;
     let env = builder.with_name("eeane").build().map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
-    let version = ort::info().split_whitespace().find_map(|w| w.strip_prefix("git-branch=rel-")).unwrap_or("unknown");
-    Ok((env, version.trim_end_matches(',').to_string()))
+    // The wheel's library is named libonnxruntime.so.X.Y.Z; a link to it names no version.
+    let version = std::fs::canonicalize(library)
+        .ok()
+        .and_then(|p| p.file_name()?.to_str()?.strip_prefix("libonnxruntime.so.").map(str::to_string))
+        .unwrap_or_else(|| "unknown".into());
+    Ok((env, version))
 }
 
 pub struct OnnxRuntimeEngine {
