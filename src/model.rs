@@ -17,15 +17,6 @@ pub enum Inputs {
     TokenIds(Vec<Vec<i64>>),
 }
 
-impl Inputs {
-    pub fn len(&self) -> usize {
-        match self {
-            Inputs::Texts(t) => t.len(),
-            Inputs::TokenIds(t) => t.len(),
-        }
-    }
-}
-
 pub struct Embeddings {
     pub vectors: Vec<Vec<f32>>,
     /// Tokens the model processed, special tokens included.

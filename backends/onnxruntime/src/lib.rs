@@ -12,10 +12,12 @@ use ort::session::Session;
 use ort::value::{Tensor, ValueType};
 
 /// ONNX Runtime allows one environment per process, bound to the first library opened.
-static RUNTIME: OnceLock<(PathBuf, Result<(Environment, String), String>)> = OnceLock::new();
+type Runtime = (Environment, String);
+static RUNTIME: OnceLock<(PathBuf, Result<Runtime, String>)> = OnceLock::new();
 static RUNTIME_INIT: Mutex<()> = Mutex::new(());
 
-fn runtime(library: &Path) -> Result<&'static (Environment, String), EngineError> {
+/// The process's environment and the library's version, opened from `library` on first use.
+fn runtime(library: &Path) -> Result<&'static Runtime, EngineError> {
     let _guard = RUNTIME_INIT.lock().unwrap_or_else(|e| e.into_inner());
     let (opened, result) = RUNTIME.get_or_init(|| (library.to_path_buf(), open_runtime(library)));
     if opened != library {
@@ -28,7 +30,7 @@ fn runtime(library: &Path) -> Result<&'static (Environment, String), EngineError
     result.as_ref().map_err(|e| EngineError::Runtime(e.clone()))
 }
 
-fn open_runtime(library: &Path) -> Result<(Environment, String), String> {
+fn open_runtime(library: &Path) -> Result<Runtime, String> {
     if !library.exists() {
         return Err(format!(
             "ONNX Runtime library {} does not exist (run models/setup.sh, or set [runtimes] onnxruntime)",
