@@ -37,6 +37,37 @@ pub struct ServerConfig {
     pub max_request_bytes: usize,
     /// Where runtimes and converted models live; "" means $EEANE_CACHE_DIR or ~/.cache/eeane.
     pub cache_dir: String,
+    /// Load policy of entries that set none.
+    pub default_load_policy: LoadPolicy,
+    /// Seconds an on-demand model stays loaded after its last request; 0 unloads
+    /// at once, negative never unloads.
+    pub keep_alive: i64,
+    /// Most models in memory at once; unset means no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_loaded_models: Option<usize>,
+    /// Most inference requests admitted at once, running plus waiting; 0 = unlimited.
+    pub max_pending_requests: usize,
+    /// Seconds a request may wait before its inference starts; 0 = no limit.
+    pub queue_timeout: u64,
+    /// Identical requests in flight share one inference.
+    pub coalesce_requests: bool,
+    /// Seconds to wait for in-flight requests at shutdown; unset waits for all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graceful_shutdown_timeout: Option<u64>,
+    /// GET /health requests per minute per client IP; 0 = no limit.
+    pub health_rate_limit: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadPolicy {
+    /// Loaded by the first request that needs it; unloaded after keep_alive idle.
+    #[default]
+    OnDemand,
+    /// Loaded before the port is bound; never unloaded.
+    Resident,
+    /// Kept in the file, not served.
+    Disabled,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -106,9 +137,23 @@ pub struct ModelConfig {
     /// Precision label reported in /health (the graph decides the real one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<String>,
+    /// Overrides server.default_load_policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_policy: Option<LoadPolicy>,
+    /// Overrides server.keep_alive, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_alive: Option<i64>,
 }
 
 impl ModelConfig {
+    pub fn policy(&self, server: &ServerConfig) -> LoadPolicy {
+        self.load_policy.unwrap_or(server.default_load_policy)
+    }
+
+    pub fn keep_alive(&self, server: &ServerConfig) -> i64 {
+        self.keep_alive.unwrap_or(server.keep_alive)
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         std::iter::once(self.id.as_str()).chain(self.aliases.iter().map(String::as_str))
     }
@@ -193,7 +238,8 @@ impl Config {
             // Short names for the common server keys; nested keys as SECTION__KEY.
             let key = key.as_str().to_ascii_lowercase();
             match key.as_str() {
-                "host" | "port" | "api_key" | "max_inputs" | "max_request_bytes" => format!("server.{key}").into(),
+                "host" | "port" | "api_key" | "max_inputs" | "max_request_bytes" | "keep_alive" | "max_loaded_models"
+                | "max_pending_requests" | "queue_timeout" => format!("server.{key}").into(),
                 _ => key.replace("__", ".").into(),
             }
         });
@@ -252,6 +298,21 @@ impl Config {
             if m.max_batch == 0 {
                 return invalid(key("max_batch"), "must be at least 1".into());
             }
+        }
+        let resident = self.models.iter().filter(|m| m.policy(&self.server) == LoadPolicy::Resident).count();
+        if let Some(cap) = self.server.max_loaded_models {
+            if cap == 0 {
+                return invalid("server.max_loaded_models".into(), "must be at least 1 (leave it unset for no limit)".into());
+            }
+            if resident > cap {
+                return invalid(
+                    "server.max_loaded_models".into(),
+                    format!("{resident} models are resident, more than max_loaded_models = {cap}"),
+                );
+            }
+        }
+        if self.models.iter().all(|m| m.policy(&self.server) == LoadPolicy::Disabled) {
+            return invalid("models".into(), "every model is disabled".into());
         }
         Ok(())
     }

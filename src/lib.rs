@@ -8,4 +8,5 @@ pub mod http;
 pub mod model;
 pub mod pooling;
 pub mod registry;
+pub mod serving;
 pub mod tokenize;

@@ -1,11 +1,14 @@
+use std::future::IntoFuture;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use eeane::config::{find_file, CliOverrides, Config};
 use eeane::http::{router, AppState};
-use eeane::registry::Registry;
+use eeane::serving::Service;
 
 /// Exit status for a bad config or a model that fails its preflight.
 const EXIT_PREFLIGHT: u8 = 2;
@@ -43,11 +46,11 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let overrides = match &cli.command {
+    let overrides = || match &cli.command {
         Command::Serve { host, port } => CliOverrides { host: host.clone(), port: *port },
         Command::CheckConfig => CliOverrides::default(),
     };
-    let config = match find_file(cli.config.as_deref()).and_then(|file| Config::load(file.as_deref(), &overrides)) {
+    let config = match find_file(cli.config.as_deref()).and_then(|file| Config::load(file.as_deref(), &overrides())) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("eeane: invalid config: {e}");
@@ -58,7 +61,7 @@ fn main() -> ExitCode {
         Command::CheckConfig => check_config(&config),
         Command::Serve { .. } => {
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-            runtime.block_on(serve(config))
+            runtime.block_on(serve(config, cli.config.clone(), overrides()))
         }
     }
 }
@@ -75,17 +78,16 @@ fn check_config(config: &Config) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn serve(config: Config) -> ExitCode {
-    let config = Arc::new(config);
-    let registry = Arc::new(Registry::new(&config));
-    // Preflight: every model loads and answers before the port is bound.
-    for slot in registry.slots() {
-        if let Err(reason) = slot.get_or_load(&config).await {
-            eprintln!("eeane: model {:?}: {reason}", slot.config.id);
-            return ExitCode::from(EXIT_PREFLIGHT);
-        }
+async fn serve(config: Config, config_flag: Option<PathBuf>, overrides: CliOverrides) -> ExitCode {
+    let shutdown_timeout = config.server.graceful_shutdown_timeout.map(Duration::from_secs);
+    let service = Arc::new(Service::new(config, config_flag, overrides));
+    // Preflight: resident models load and answer before the port is bound.
+    if let Err(reason) = service.preflight().await {
+        eprintln!("eeane: {reason}");
+        return ExitCode::from(EXIT_PREFLIGHT);
     }
-    let address = format!("{}:{}", config.server.host, config.server.port);
+    let live = service.live();
+    let address = format!("{}:{}", live.config.server.host, live.config.server.port);
     let listener = match tokio::net::TcpListener::bind(&address).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -94,17 +96,54 @@ async fn serve(config: Config) -> ExitCode {
         }
     };
     let local = listener.local_addr().expect("bound address");
-    if config.server.api_key.is_none() && !local.ip().is_loopback() {
-        tracing::warn!("listening on a non-loopback address without an API key");
+    if live.config.server.api_key.as_deref().is_none_or(str::is_empty) && !local.ip().is_loopback() {
+        tracing::warn!("serving {local}, a non-loopback address, without an API key");
     }
+    drop(live);
+    tokio::spawn(reload_on_sighup(service.clone()));
     // Tests and scripts read this line to learn the port.
     println!("eeane: listening on http://{local}");
-    let app = router(AppState { config: config.clone(), registry });
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await {
-        eprintln!("eeane: server error: {e}");
-        return ExitCode::FAILURE;
+    let app = router(AppState { service: service.clone() }).into_make_service_with_connect_info::<SocketAddr>();
+    let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        let _ = stopping_tx.send(true);
+    });
+    let drained = async {
+        let _ = stopping.wait_for(|s| *s).await;
+        match shutdown_timeout {
+            Some(limit) => tokio::time::sleep(limit).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        result = server.into_future() => {
+            if let Err(e) = result {
+                eprintln!("eeane: server error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        _ = drained => tracing::warn!("graceful_shutdown_timeout passed with requests still in flight; stopping anyway"),
     }
+    service.shutdown();
+    tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// SIGHUP re-reads the config; a broken file is logged and the old config stays.
+async fn reload_on_sighup(service: Arc<Service>) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+        while hangups.recv().await.is_some() {
+            match service.reload().await {
+                Ok(summary) => tracing::info!(?summary, "SIGHUP: config reloaded"),
+                Err(e) => tracing::error!("SIGHUP: reload refused, the running config stays: {e}"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = service;
 }
 
 async fn shutdown_signal() {
@@ -118,5 +157,5 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutting down: finishing in-flight requests");
+    tracing::info!("shutting down: no new connections; finishing in-flight requests");
 }

@@ -6,12 +6,12 @@ use std::time::Instant;
 
 use eeane_backend_core::{EngineError, EngineSpec};
 
-use crate::batcher::{EngineWorker, Pipeline};
+use crate::batcher::{EngineWorker, Pipeline, WorkerError};
 use crate::config::{Config, ModelConfig};
 use crate::tokenize::{Encoded, TextTokenizer, TokenizeError};
 
 /// What a request asks to embed.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Inputs {
     Texts(Vec<String>),
     TokenIds(Vec<Vec<i64>>),
@@ -29,6 +29,17 @@ pub enum ModelError {
     Tokenize(#[from] TokenizeError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error("the request waited longer than queue_timeout before its inference started")]
+    QueueTimeout,
+}
+
+impl From<WorkerError> for ModelError {
+    fn from(e: WorkerError) -> Self {
+        match e {
+            WorkerError::Engine(e) => ModelError::Engine(e),
+            WorkerError::QueueTimeout => ModelError::QueueTimeout,
+        }
+    }
 }
 
 pub struct LoadedModel {
@@ -64,7 +75,7 @@ impl LoadedModel {
         let worker = EngineWorker::start(&config.id, loader, spec, pipeline).await?;
         let tokenizer = Arc::new(tokenizer);
         let warm = tokenizer.encode_texts(&["eeane".to_string()])?;
-        let dimensions = worker.embed(warm).await?[0].len();
+        let dimensions = worker.embed(warm, None).await?[0].len();
         Ok(Self { config: config.clone(), tokenizer, worker, dimensions, load_ms: started.elapsed().as_millis() as u64 })
     }
 
@@ -76,17 +87,33 @@ impl LoadedModel {
         self.tokenizer.vocab_size()
     }
 
-    pub async fn embed(&self, inputs: Inputs) -> Result<Embeddings, ModelError> {
+    /// Embeds `inputs`; `deadline` bounds the wait before inference starts.
+    pub async fn embed(&self, inputs: Arc<Inputs>, deadline: Option<Instant>) -> Result<Embeddings, ModelError> {
         let tokenizer = self.tokenizer.clone();
         // Tokenizing thousands of texts takes milliseconds: keep it off the async workers.
-        let seqs: Vec<Encoded> = tokio::task::spawn_blocking(move || match &inputs {
+        let seqs: Vec<Encoded> = tokio::task::spawn_blocking(move || match &*inputs {
             Inputs::Texts(texts) => tokenizer.encode_texts(texts),
             Inputs::TokenIds(ids) => tokenizer.encode_ids(ids),
         })
         .await
         .expect("tokenizer panicked")?;
         let tokens = seqs.iter().map(|s| s.ids.len()).sum();
-        let vectors = self.worker.embed(seqs).await?;
+        let vectors = self.worker.embed(seqs, deadline).await?;
         Ok(Embeddings { vectors, tokens })
     }
+}
+
+/// The cheap start-up checks for a model that loads later: its files exist,
+/// its tokenizer parses, its runtime library is there.
+pub fn check_files(config: &ModelConfig, server: &Config) -> Result<(), String> {
+    let model = config.model.path();
+    if !model.exists() {
+        return Err(format!("model file {} does not exist", model.display()));
+    }
+    TextTokenizer::from_file(&config.tokenizer.path(), config.max_tokens).map_err(|e| e.to_string())?;
+    let runtime = server.runtimes.onnxruntime.path();
+    if config.engine == "onnxruntime" && !runtime.exists() {
+        return Err(format!("ONNX Runtime library {} does not exist", runtime.display()));
+    }
+    Ok(())
 }

@@ -3,7 +3,9 @@
 //! never runs on the async runtime.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
 
 use eeane_backend_core::{EngineError, EngineInfo, EngineLoader, EngineOutput, EngineSpec, TokenBatch};
 use tokio::sync::oneshot;
@@ -21,11 +23,26 @@ pub struct Pipeline {
     pub pad_id: i64,
 }
 
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The job waited past its deadline before the engine took it.
+    #[error("the request waited longer than queue_timeout before its inference started")]
+    QueueTimeout,
+}
+
 type Reply = oneshot::Sender<Result<Vec<Vec<f32>>, EngineError>>;
+
+/// Who owns a queued job: the engine (started) or the waiting request (abandoned).
+const QUEUED: u8 = 0;
+const STARTED: u8 = 1;
+const ABANDONED: u8 = 2;
 
 struct Job {
     seqs: Vec<Encoded>,
     reply: Reply,
+    claim: Arc<AtomicU8>,
 }
 
 /// A handle to a running engine thread; dropping the last handle stops the
@@ -52,10 +69,16 @@ impl EngineWorker {
                 };
                 let _ = ready_tx.send(Ok(engine.info().clone()));
                 for job in queue {
+                    // Skip jobs whose request gave up (queue_timeout) or went away.
+                    if job.reply.is_closed() || job.claim.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                        continue;
+                    }
                     let result = catch_unwind(AssertUnwindSafe(|| run_job(&mut *engine, &pipeline, &job.seqs)))
                         .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
                     let _ = job.reply.send(result);
                 }
+                drop(engine);
+                release_freed_memory();
             })
             .map_err(|e| EngineError::Runtime(format!("cannot start the engine thread: {e}")))?;
         let info = ready_rx.await.map_err(|_| EngineError::Runtime("the engine thread died while loading".into()))??;
@@ -66,11 +89,23 @@ impl EngineWorker {
         &self.info
     }
 
-    /// Embeds `seqs`, returning one vector per sequence in the same order.
-    pub async fn embed(&self, seqs: Vec<Encoded>) -> Result<Vec<Vec<f32>>, EngineError> {
-        let (reply, answer) = oneshot::channel();
-        self.jobs.send(Job { seqs, reply }).map_err(|_| EngineError::Runtime("the engine thread has stopped".into()))?;
-        answer.await.map_err(|_| EngineError::Runtime("the engine thread has stopped".into()))?
+    /// Embeds `seqs`, returning one vector per sequence in the same order. If
+    /// the engine has not taken the job by `deadline`, gives up with `QueueTimeout`;
+    /// once it has, the job runs to the end.
+    pub async fn embed(&self, seqs: Vec<Encoded>, deadline: Option<Instant>) -> Result<Vec<Vec<f32>>, WorkerError> {
+        let stopped = || WorkerError::Engine(EngineError::Runtime("the engine thread has stopped".into()));
+        let (reply, mut answer) = oneshot::channel();
+        let claim = Arc::new(AtomicU8::new(QUEUED));
+        self.jobs.send(Job { seqs, reply, claim: claim.clone() }).map_err(|_| stopped())?;
+        if let Some(deadline) = deadline {
+            if let Ok(result) = tokio::time::timeout_at(deadline.into(), &mut answer).await {
+                return Ok(result.map_err(|_| stopped())??);
+            }
+            if claim.compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                return Err(WorkerError::QueueTimeout);
+            }
+        }
+        Ok(answer.await.map_err(|_| stopped())??)
     }
 }
 
@@ -108,10 +143,24 @@ fn pool_output(output: EngineOutput, batch: &TokenBatch, pipeline: &Pipeline) ->
             return Err(EngineError::Model("the graph returns token states, but the model is configured with pooling = \"none\"".into()))
         }
     };
+    // A NaN or infinity is never a vector the model means: fail loudly instead.
+    if let Some(row) = vectors.iter().position(|v| v.iter().any(|x| !x.is_finite())) {
+        return Err(EngineError::Inference(format!("the engine produced a non-finite value for row {row} of a batch")));
+    }
     if pipeline.normalize {
         vectors.iter_mut().for_each(|v| normalize(v));
     }
     Ok(vectors)
+}
+
+/// Hands memory freed by an unloaded engine back to the OS, so that an unload
+/// shows in the process's resident size (glibc keeps freed heap otherwise).
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 #[cfg(test)]
@@ -152,7 +201,7 @@ mod tests {
             .into_iter()
             .map(|ids| Encoded { type_ids: vec![0; ids.len()], ids })
             .collect();
-        let got = worker.embed(seqs).await.unwrap();
+        let got = worker.embed(seqs, None).await.unwrap();
         assert_eq!(got, vec![vec![4.0, 1.0], vec![2.0, 1.0], vec![7.0, 1.0], vec![10.0, 1.0]]);
     }
 }

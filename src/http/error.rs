@@ -8,20 +8,39 @@ use eeane_backend_core::EngineError;
 use serde_json::json;
 
 use crate::model::ModelError;
+use crate::registry::AcquireError;
+use crate::serving::ServeError;
 use crate::tokenize::TokenizeError;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
     pub kind: &'static str,
     pub code: &'static str,
     pub message: String,
     pub param: Option<String>,
+    /// Seconds for the Retry-After header (429 and 503).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, kind, code, message: message.into(), param: None }
+        Self { status, kind, code, message: message.into(), param: None, retry_after: None }
+    }
+
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// 429: past max_pending_requests, or /health's rate limit.
+    pub fn too_many_requests(code: &'static str, message: impl Into<String>, retry_after: u64) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", code, message).with_retry_after(retry_after)
+    }
+
+    /// 400: a config reload was refused; the running config stays.
+    pub fn invalid_config(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_config", message)
     }
 
     pub fn with_param(mut self, param: impl Into<String>) -> Self {
@@ -84,13 +103,39 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         }
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+        }
         response
     }
 }
 
-impl From<ModelError> for ApiError {
-    fn from(e: ModelError) -> Self {
+/// Seconds a client should wait after a 503 that more capacity may cure.
+const RETRY_AFTER_UNAVAILABLE: u64 = 5;
+
+impl From<ServeError> for ApiError {
+    fn from(e: ServeError) -> Self {
         match e {
+            ServeError::Model(e) => ApiError::from(&*e),
+            ServeError::Acquire(e @ AcquireError::LoadFailed(_)) => {
+                ApiError::model_unavailable(e.to_string()).with_retry_after(RETRY_AFTER_UNAVAILABLE)
+            }
+            ServeError::Acquire(e @ AcquireError::NoRoom(_)) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "no_room", e.to_string()).with_retry_after(1)
+            }
+            ServeError::Acquire(e @ AcquireError::Timeout) => queue_timeout(e.to_string()),
+        }
+    }
+}
+
+fn queue_timeout(message: String) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "queue_timeout", message).with_retry_after(RETRY_AFTER_UNAVAILABLE)
+}
+
+impl From<&ModelError> for ApiError {
+    fn from(e: &ModelError) -> Self {
+        match e {
+            ModelError::QueueTimeout => queue_timeout(e.to_string()),
             ModelError::Tokenize(e @ TokenizeError::OutOfVocabulary { input, position, .. }) => {
                 ApiError::unprocessable("token_id_out_of_vocabulary", format!(
                     "{e}. Token ids must come from this model's own tokenizer (not tiktoken; LangChain users: set check_embedding_ctx_length=False)"

@@ -1,40 +1,71 @@
-//! `GET /health`: liveness, and each model's state.
+//! `GET /health`: open even with an API key, rate-limited per client IP.
 
-use axum::extract::State;
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, State};
 use axum::Json;
+use governor::clock::{Clock, DefaultClock};
 use serde_json::{json, Value};
 
+use super::error::ApiError;
 use super::AppState;
-use crate::registry::SlotState;
+use crate::registry::{KeepAlive, SlotState};
 
-pub async fn health(State(app): State<AppState>) -> Json<Value> {
-    let models: Vec<Value> = app
+pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> Result<Json<Value>, ApiError> {
+    let live = app.service.live();
+    if let Some(limiter) = &live.health_limiter {
+        if let Err(not_until) = limiter.check_key(&peer.ip()) {
+            let wait = not_until.wait_time_from(DefaultClock::default().now()).as_secs().max(1);
+            return Err(ApiError::too_many_requests("rate_limited", "Too many /health requests from this address (health_rate_limit)", wait));
+        }
+    }
+    let models: Vec<Value> = live
         .registry
         .slots()
         .iter()
         .map(|slot| {
-            let state = slot.state();
+            let status = slot.status();
+            let c = &slot.counters;
+            let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
             let mut entry = json!({
                 "id": slot.config.id,
                 "kind": slot.config.kind,
                 "engine": slot.config.engine,
                 "device": slot.config.device,
-                "state": state.name(),
+                "policy": slot.policy,
+                "keep_alive": match slot.keep_alive {
+                    KeepAlive::Never => -1.0,
+                    KeepAlive::Immediately => 0.0,
+                    KeepAlive::For(d) => d.as_secs_f64(),
+                },
+                "status": status,
+                "counters": {
+                    "requests": load(&c.requests),
+                    "inferences": load(&c.inferences),
+                    "coalesced": load(&c.coalesced),
+                    "loads": load(&c.loads),
+                    "unloads": load(&c.unloads),
+                },
             });
-            match &state {
-                SlotState::Loaded(model) => {
-                    let info = model.engine_info();
-                    entry["device"] = json!(info.device);
-                    entry["precision"] = json!(info.precision);
-                    entry["runtime_version"] = json!(info.runtime_version);
-                    entry["dimensions"] = json!(model.dimensions);
-                    entry["load_ms"] = json!(model.load_ms);
-                }
-                SlotState::Failed(reason) => entry["error"] = json!(reason),
-                SlotState::Unloaded => {}
+            if let SlotState::Loaded(model) = slot.state() {
+                let info = model.engine_info();
+                entry["device"] = json!(info.device);
+                entry["precision"] = json!(info.precision);
+                entry["runtime_version"] = json!(info.runtime_version);
+                entry["dimensions"] = json!(model.dimensions);
+                entry["load_ms"] = json!(model.load_ms);
+            }
+            // Flatten the status fields next to the others.
+            if let Some(Value::Object(status)) = entry.as_object_mut().and_then(|e| e.remove("status")) {
+                entry.as_object_mut().unwrap().extend(status);
             }
             entry
         })
         .collect();
-    Json(json!({"status": "ok", "version": env!("CARGO_PKG_VERSION"), "models": models}))
+    Ok(Json(json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "pending_requests": app.service.pending(),
+        "models": models,
+    })))
 }

@@ -1,6 +1,7 @@
 //! The HTTP surface: one file per API, errors mapped in `error`, and the
 //! cross-cutting layers (auth, body limit, tracing) here.
 
+mod admin;
 pub mod error;
 mod health;
 mod openai;
@@ -16,16 +17,16 @@ use axum::Router;
 use subtle::ConstantTimeEq;
 use tower_http::trace::TraceLayer;
 
-use crate::config::Config;
-use crate::registry::Registry;
+use crate::serving::Service;
 use error::ApiError;
 
 #[derive(Clone)]
 pub struct AppState {
-    pub config: Arc<Config>,
-    pub registry: Arc<Registry>,
+    pub service: Arc<Service>,
 }
 
+/// The whole API. Serve it with `into_make_service_with_connect_info::<SocketAddr>()`:
+/// /health's rate limit is per client address.
 pub fn router(state: AppState) -> Router {
     // Every endpoint answers with and without the /v1 prefix.
     let api = Router::new().route("/embeddings", post(openai::embeddings)).route("/models", get(openai::models));
@@ -34,17 +35,19 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1", api)
         .route("/health", get(health::health))
         .route("/v1/health", get(health::health))
+        .route("/admin/reload", post(admin::reload))
         .fallback(|uri: axum::http::Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
-        .layer(DefaultBodyLimit::max(state.config.server.max_request_bytes))
+        .layer(DefaultBodyLimit::max(state.service.live().config.server.max_request_bytes))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }
 
 /// With `api_key` set, every request but `GET /health` must carry it as a bearer token.
 async fn require_api_key(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(key) = app.config.server.api_key.as_deref().filter(|k| !k.is_empty()) else {
+    let live = app.service.live();
+    let Some(key) = live.config.server.api_key.as_deref().filter(|k| !k.is_empty()) else {
         return next.run(request).await;
     };
     if request.method() == Method::GET && matches!(request.uri().path(), "/health" | "/v1/health") {

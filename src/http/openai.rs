@@ -14,7 +14,8 @@ use super::error::ApiError;
 use super::AppState;
 use crate::model::Inputs;
 use crate::pooling::truncate_dimensions;
-use crate::registry::SlotState;
+use crate::registry::{KeepAlive, SlotState};
+use std::time::Duration;
 
 #[derive(Debug, Deserialize)]
 pub struct EmbeddingsRequest {
@@ -22,6 +23,9 @@ pub struct EmbeddingsRequest {
     pub model: Option<String>,
     pub encoding_format: Option<EncodingFormat>,
     pub dimensions: Option<usize>,
+    /// How long the model stays loaded after this request (Ollama's field):
+    /// seconds, or a duration such as "5m"; 0 unloads at once, negative never.
+    pub keep_alive: Option<Value>,
     /// Accepted for compatibility; unused.
     #[allow(dead_code)]
     pub user: Option<String>,
@@ -133,35 +137,65 @@ pub fn parse_input(input: Option<Value>, max_inputs: usize) -> Result<Inputs, Ap
     }
 }
 
+/// Parses Ollama's `keep_alive`: a number of seconds, or a string such as "30s",
+/// "5m", "-1"; 0 unloads as soon as idle, negative never unloads.
+pub fn parse_keep_alive(value: Option<Value>) -> Result<Option<KeepAlive>, ApiError> {
+    let invalid = || ApiError::unprocessable("invalid_keep_alive", "keep_alive must be seconds or a duration such as \"5m\"").with_param("keep_alive");
+    let seconds = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => n.as_f64().ok_or_else(invalid)?,
+        Some(Value::String(s)) => match s.trim().parse::<f64>() {
+            Ok(seconds) => seconds,
+            Err(_) => {
+                let (negative, text) = s.trim().strip_prefix('-').map_or((false, s.trim()), |rest| (true, rest));
+                let d = humantime::parse_duration(text).map_err(|_| invalid())?.as_secs_f64();
+                if negative { -d } else { d }
+            }
+        },
+        Some(_) => return Err(invalid()),
+    };
+    Ok(Some(match seconds {
+        s if s < 0.0 => KeepAlive::Never,
+        s if s == 0.0 => KeepAlive::Immediately,
+        s => KeepAlive::For(Duration::from_secs_f64(s)),
+    }))
+}
+
 pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
+    let live = app.service.live();
     let request: EmbeddingsRequest = parse_json(body)?;
     // A flat list of ids is one input: its errors name input[j], not input[0][j].
     let flat_ids = matches!(&request.input, Some(Value::Array(a)) if a.first().is_some_and(Value::is_number));
-    let inputs = parse_input(request.input, app.config.server.max_inputs)?;
-    let slot = app
+    let inputs = parse_input(request.input, live.config.server.max_inputs)?;
+    let keep_alive = parse_keep_alive(request.keep_alive)?;
+    let slot = live
         .registry
         .find(request.model.as_deref())
-        .ok_or_else(|| ApiError::model_not_found(request.model.as_deref().unwrap_or(""), &app.registry.ids()))?;
-    let model = slot.get_or_load(&app.config).await.map_err(|reason| ApiError::model_unavailable(reason.to_string()))?;
-    if let Some(dims) = request.dimensions {
-        if dims == 0 || dims > model.dimensions {
-            return Err(ApiError::invalid_request("invalid_dimensions", format!("dimensions must be between 1 and {} for this model", model.dimensions))
-                .with_param("dimensions"));
-        }
-    }
-    let format = request.encoding_format.unwrap_or_default();
-    let result = model.embed(inputs).await.map_err(|e| {
+        .ok_or_else(|| ApiError::model_not_found(request.model.as_deref().unwrap_or(""), &live.registry.ids()))?;
+    let _admitted = app.service.admit(&live).map_err(|o| {
+        ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
+    })?;
+    let result = app.service.embed(&live, slot, inputs, keep_alive, live.deadline()).await.map_err(|e| {
         let mut error = ApiError::from(e);
         if flat_ids {
             error.param = error.param.map(|p| p.replacen("input[0]", "input", 1));
         }
         error
     })?;
+    let width = result.vectors.first().map_or(0, Vec::len);
+    if let Some(dims) = request.dimensions {
+        if dims == 0 || dims > width {
+            return Err(ApiError::invalid_request("invalid_dimensions", format!("dimensions must be between 1 and {width} for this model"))
+                .with_param("dimensions"));
+        }
+    }
+    let format = request.encoding_format.unwrap_or_default();
     let data = result
         .vectors
-        .into_iter()
+        .iter()
         .enumerate()
-        .map(|(index, mut v)| {
+        .map(|(index, v)| {
+            let mut v = v.clone();
             if let Some(dims) = request.dimensions {
                 truncate_dimensions(&mut v, dims);
             }
@@ -185,16 +219,17 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
 }
 
 pub async fn models(State(app): State<AppState>) -> Json<Value> {
-    let data: Vec<Value> = app
+    let live = app.service.live();
+    let data: Vec<Value> = live
         .registry
         .slots()
         .iter()
         .map(|slot| {
-            let state = slot.state();
-            let dimensions = match &state {
+            let dimensions = match slot.state() {
                 SlotState::Loaded(m) => Some(m.dimensions),
                 _ => None,
             };
+            let status = slot.status();
             json!({
                 "id": slot.config.id,
                 "object": "model",
@@ -204,8 +239,10 @@ pub async fn models(State(app): State<AppState>) -> Json<Value> {
                 "engine": slot.config.engine,
                 "aliases": slot.config.aliases,
                 "max_tokens": slot.config.max_tokens,
+                "load_policy": slot.policy,
                 "dimensions": dimensions,
-                "state": state.name(),
+                "state": status.state,
+                "loaded": status.loaded,
             })
         })
         .collect();

@@ -1,114 +1,121 @@
-//! Model id → slot. A slot holds one `[[models]]` entry and its state; the
-//! first request that needs a model loads it, and concurrent first requests
-//! wait on one load.
+//! Model id → slot, and each model's life:
+//! `unloaded → loaded(idle | busy n) → unloaded`, with `failed(reason)` beside it.
+//!
+//! A request takes a [`ModelLease`]; the model cannot be unloaded while any
+//! lease is out, so an unload never interrupts a forward pass. The keep-alive
+//! clock starts when the last lease is returned. Loads go through one gate per
+//! registry, where `max_loaded_models` evicts the longest-idle on-demand model.
+
+mod slot;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Instant;
 
-use crate::config::{Config, ModelConfig, ModelKind};
-use crate::model::{LoadedModel, ModelError};
+pub use slot::{KeepAlive, ModelLease, ModelSlot, SlotCounters, SlotState, SlotStatus};
 
-#[derive(Clone)]
-pub enum SlotState {
-    Unloaded,
-    Loaded(Arc<LoadedModel>),
-    Failed(String),
-}
+use crate::config::{Config, LoadPolicy};
 
-impl SlotState {
-    pub fn name(&self) -> &'static str {
-        match self {
-            SlotState::Unloaded => "unloaded",
-            SlotState::Loaded(_) => "loaded",
-            SlotState::Failed(_) => "failed",
-        }
-    }
-}
-
-pub struct ModelSlot {
-    pub config: ModelConfig,
-    state: Mutex<SlotState>,
-    /// Serializes loads, so N concurrent first requests cause one load.
-    loading: tokio::sync::Mutex<()>,
-}
-
-impl ModelSlot {
-    pub fn state(&self) -> SlotState {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn set_state(&self, state: SlotState) {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = state;
-    }
-
-    /// The loaded model, loading it first if needed. A failed load is retried
-    /// by the next request.
-    pub async fn get_or_load(&self, config: &Config) -> Result<Arc<LoadedModel>, Arc<str>> {
-        if let SlotState::Loaded(model) = self.state() {
-            return Ok(model);
-        }
-        let _loading = self.loading.lock().await;
-        if let SlotState::Loaded(model) = self.state() {
-            return Ok(model);
-        }
-        match LoadedModel::load(&self.config, config).await {
-            Ok(model) => {
-                let model = Arc::new(model);
-                let info = model.engine_info();
-                tracing::info!(model = %self.config.id, engine = %info.engine, device = %info.device,
-                    dimensions = model.dimensions, load_ms = model.load_ms, "model loaded");
-                self.set_state(SlotState::Loaded(model.clone()));
-                Ok(model)
-            }
-            Err(e) => {
-                let reason: Arc<str> = describe(&e).into();
-                tracing::error!(model = %self.config.id, "load failed: {reason}");
-                self.set_state(SlotState::Failed(reason.to_string()));
-                Err(reason)
-            }
-        }
-    }
-}
-
-fn describe(e: &ModelError) -> String {
-    format!("model could not be loaded: {e}")
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AcquireError {
+    #[error("{0}")]
+    LoadFailed(Arc<str>),
+    #[error("max_loaded_models ({0}) are loaded and every one is resident or busy")]
+    NoRoom(usize),
+    #[error("the request waited longer than queue_timeout for its model to load")]
+    Timeout,
 }
 
 pub struct Registry {
     slots: Vec<Arc<ModelSlot>>,
     by_name: HashMap<String, usize>,
+    max_loaded: Option<usize>,
+    /// Serializes loads, so that counting, evicting and loading cannot interleave.
+    load_gate: tokio::sync::Mutex<()>,
 }
 
 impl Registry {
-    pub fn new(config: &Config) -> Self {
+    /// Builds the registry for `config`, taking over slots of `previous` whose
+    /// entry did not change (they keep their loaded model and counters).
+    pub fn new(config: &Config, previous: Option<&Registry>) -> Self {
         let mut by_name = HashMap::new();
-        let slots = config
-            .models
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                for name in m.names() {
-                    by_name.insert(name.to_string(), i);
-                }
-                Arc::new(ModelSlot { config: m.clone(), state: Mutex::new(SlotState::Unloaded), loading: Default::default() })
-            })
-            .collect();
-        Self { slots, by_name }
+        let mut slots = Vec::new();
+        for model in config.models.iter().filter(|m| m.policy(&config.server) != LoadPolicy::Disabled) {
+            let slot = previous
+                .and_then(|p| p.by_id(&model.id))
+                .filter(|old| old.same_entry(model, &config.server))
+                .cloned()
+                .unwrap_or_else(|| Arc::new(ModelSlot::new(model.clone(), &config.server)));
+            for name in model.names() {
+                by_name.insert(name.to_string(), slots.len());
+            }
+            slots.push(slot);
+        }
+        Self { slots, by_name, max_loaded: config.server.max_loaded_models, load_gate: Default::default() }
     }
 
     pub fn slots(&self) -> &[Arc<ModelSlot>] {
         &self.slots
     }
 
+    fn by_id(&self, id: &str) -> Option<&Arc<ModelSlot>> {
+        self.slots.iter().find(|s| s.config.id == id)
+    }
+
     /// A model by id or alias; `None` picks the default (the first embedding model).
     pub fn find(&self, name: Option<&str>) -> Option<&Arc<ModelSlot>> {
         match name {
             Some(name) => self.by_name.get(name).map(|&i| &self.slots[i]),
-            None => self.slots.iter().find(|s| s.config.kind == ModelKind::Embedding),
+            None => self.slots.iter().find(|s| s.config.kind == crate::config::ModelKind::Embedding),
         }
     }
 
     pub fn ids(&self) -> Vec<&str> {
         self.slots.iter().map(|s| s.config.id.as_str()).collect()
+    }
+
+    /// Slots of `self` that `next` does not carry over: removed or changed entries.
+    pub fn retired_by(&self, next: &Registry) -> Vec<Arc<ModelSlot>> {
+        self.slots.iter().filter(|s| !next.slots.iter().any(|n| Arc::ptr_eq(s, n))).cloned().collect()
+    }
+
+    /// A lease on `slot`'s model, loading it (and evicting to make room) if needed.
+    /// Waiting for the load gives up at `deadline`.
+    pub async fn acquire(&self, slot: &Arc<ModelSlot>, config: &Config, deadline: Option<Instant>) -> Result<ModelLease, AcquireError> {
+        if let Some(lease) = slot.try_lease() {
+            return Ok(lease);
+        }
+        let load = async {
+            let _one_load_per_slot = slot.loading.lock().await;
+            if let Some(lease) = slot.try_lease() {
+                return Ok(lease);
+            }
+            let _gate = self.load_gate.lock().await;
+            self.make_room(slot)?;
+            slot.load(config).await.map_err(AcquireError::LoadFailed)
+        };
+        match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline.into(), load).await.map_err(|_| AcquireError::Timeout)?,
+            None => load.await,
+        }
+    }
+
+    /// Under the load gate: unloads the longest-idle on-demand model if loading
+    /// one more would pass max_loaded_models.
+    fn make_room(&self, loading: &Arc<ModelSlot>) -> Result<(), AcquireError> {
+        let Some(cap) = self.max_loaded else { return Ok(()) };
+        let loaded: Vec<&Arc<ModelSlot>> = self.slots.iter().filter(|s| s.is_loaded()).collect();
+        if loaded.len() < cap {
+            return Ok(());
+        }
+        let victim = loaded
+            .iter()
+            .filter(|s| !Arc::ptr_eq(s, loading) && s.policy == LoadPolicy::OnDemand)
+            .filter_map(|s| s.idle_since().map(|t| (t, s)))
+            .min_by_key(|(t, _)| *t);
+        match victim {
+            Some((_, slot)) if slot.unload_if_idle("evicted for max_loaded_models") => Ok(()),
+            _ => Err(AcquireError::NoRoom(cap)),
+        }
     }
 }
