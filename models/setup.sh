@@ -25,4 +25,4 @@ if [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$stamp" ]; then
   echo "$stamp" > "$venv/.requirements.sha256"
 fi
 
-"$venv/bin/python" "$here/prepare.py" --cache "$cache" onnxruntime all-minilm-l6-v2
+"$venv/bin/python" "$here/prepare.py" --cache "$cache" onnxruntime all-minilm-l6-v2 ${EEANE_EXTRA_MODELS:-}

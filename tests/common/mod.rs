@@ -16,6 +16,18 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/eeane"))
 }
 
+/// A `[[models]]` entry for a prepared model directory (`all-minilm-l6-v2`,
+/// `all-minilm-l6-v2-int8`), with extra TOML lines.
+pub fn model_entry(id: &str, dir_name: &str, extra: &str) -> String {
+    let dir = cache_dir().join("models").join(dir_name);
+    assert!(dir.join("model.onnx").exists(), "{} is missing: run `bash tests/run.sh` first", dir.display());
+    format!(
+        "[[models]]\nid = \"{id}\"\nengine = \"onnxruntime\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\n{extra}\n",
+        dir.join("model.onnx").display(),
+        dir.join("tokenizer.json").display()
+    )
+}
+
 pub fn minilm_dir() -> PathBuf {
     let dir = cache_dir().join("models/all-minilm-l6-v2");
     assert!(dir.join("model.onnx").exists(), "{} is missing: run `bash tests/run.sh` (or models/setup.sh) first", dir.display());
@@ -67,6 +79,58 @@ impl Server {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The config file the server was started with (tests rewrite it to test reloads).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("test.toml")
+    }
+
+    /// Sends a signal by name ("TERM", "HUP") with kill(1).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill").arg(format!("-{name}")).arg(self.pid().to_string()).status().unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, up to `limit`; its status, if it did.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// Polls /health until `ready` holds for it, up to `limit`; panics otherwise.
+    pub fn wait_for_health(&self, what: &str, limit: Duration, ready: impl Fn(&Value) -> bool) -> Value {
+        let started = std::time::Instant::now();
+        loop {
+            let (_, health) = self.get("/health");
+            if ready(&health) {
+                return health;
+            }
+            assert!(started.elapsed() < limit, "timed out waiting for {what}; last /health: {health}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// POST returning status, headers and JSON body.
+    pub fn post_full(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, reqwest::header::HeaderMap, Value) {
+        let mut request = client().post(format!("{}{path}", self.url)).body(body.to_string());
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().expect("request");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        (status, headers, response.json().unwrap_or(Value::Null))
+    }
+
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
     }
@@ -88,6 +152,12 @@ impl Server {
     pub fn get(&self, path: &str) -> (u16, Value) {
         let response = client().get(format!("{}{path}", self.url)).send().expect("request");
         (response.status().as_u16(), response.json().unwrap_or(Value::Null))
+    }
+
+    /// The /health entry of model `id`.
+    pub fn model_health(&self, id: &str) -> Value {
+        let (_, health) = self.get("/health");
+        health["models"].as_array().unwrap().iter().find(|m| m["id"] == id).cloned().unwrap_or(Value::Null)
     }
 
     /// Embeds `input` with extra request fields; panics unless 200.

