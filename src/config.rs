@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize, Serializer};
 /// The built-in defaults, including the default model.
 pub const DEFAULTS: &str = include_str!("../config/default.toml");
 
-/// Variables read by the CLI itself, not config keys.
-const CLI_ENV: &[&str] = &["CONFIG", "LOG", "CACHE_DIR"];
+/// `EEANE_<KEY>` sets `server.<key>` for these.
+const SHORT_SERVER_KEYS: &[&str] =
+    &["host", "port", "api_key", "max_inputs", "max_request_bytes", "keep_alive", "max_loaded_models", "max_pending_requests", "queue_timeout"];
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -234,15 +235,17 @@ impl Config {
             let file = std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf());
             figment = figment.merge(Toml::file_exact(file));
         }
-        let env = Env::prefixed("EEANE_").ignore(CLI_ENV).map(|key| {
-            // Short names for the common server keys; nested keys as SECTION__KEY.
-            let key = key.as_str().to_ascii_lowercase();
-            match key.as_str() {
-                "host" | "port" | "api_key" | "max_inputs" | "max_request_bytes" | "keep_alive" | "max_loaded_models"
-                | "max_pending_requests" | "queue_timeout" => format!("server.{key}").into(),
-                _ => key.replace("__", ".").into(),
-            }
-        });
+        // Short names for the common server keys; any key as SECTION__KEY. Other
+        // EEANE_* variables (EEANE_CONFIG, EEANE_LOG, tools' own) are not config.
+        let env = Env::prefixed("EEANE_")
+            .filter(|key| {
+                let key = key.as_str().to_ascii_lowercase();
+                SHORT_SERVER_KEYS.contains(&key.as_str()) || key.starts_with("server__") || key.starts_with("runtimes__")
+            })
+            .map(|key| {
+                let key = key.as_str().to_ascii_lowercase();
+                if SHORT_SERVER_KEYS.contains(&key.as_str()) { format!("server.{key}").into() } else { key.replace("__", ".").into() }
+            });
         figment = figment.merge(env).merge(Serialized::defaults(cli).key("server"));
         let mut config: Config = figment.extract().map_err(Box::new)?;
         config.resolve_paths();

@@ -104,16 +104,12 @@ impl LoadedModel {
 }
 
 /// The cheap start-up checks for a model that loads later: its files exist,
-/// its tokenizer parses, its runtime library is there.
+/// its tokenizer parses, its engine's runtime library opens.
 pub fn check_files(config: &ModelConfig, server: &Config) -> Result<(), String> {
     let model = config.model.path();
     if !model.exists() {
         return Err(format!("model file {} does not exist", model.display()));
     }
     TextTokenizer::from_file(&config.tokenizer.path(), config.max_tokens).map_err(|e| e.to_string())?;
-    let runtime = server.runtimes.onnxruntime.path();
-    if config.engine == "onnxruntime" && !runtime.exists() {
-        return Err(format!("ONNX Runtime library {} does not exist", runtime.display()));
-    }
-    Ok(())
+    crate::engines::open_runtime(&config.engine, server).map(drop)
 }

@@ -287,3 +287,57 @@ fn reload_adds_and_removes_models_and_refuses_a_broken_file() {
     assert_eq!(server.embed(json!("x"), json!({"model": "second"})).len(), 1);
     assert!(server.stderr().contains("reload refused"), "the broken SIGHUP reload was logged");
 }
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let (anon, file) = (status_kib(pid, "RssAnon:"), status_kib(pid, "RssFile:"));
+    eprintln!("  RssAnon {anon} KiB, RssFile {file} KiB, threads {}", status_kib(pid, "Threads:"));
+    status_kib(pid, "VmRSS:")
+}
+
+/// One load, real work, and an unload; returns (cold first answer, RSS loaded, RSS after unload).
+fn load_use_unload(server: &Server) -> (Duration, u64, u64) {
+    let started = std::time::Instant::now();
+    server.embed(json!("hello"), json!({}));
+    let cold = started.elapsed();
+    // Real work, so that the engine's buffers for long batches are allocated too.
+    server.embed(json!(long_texts(32, "mem")), json!({}));
+    let loaded = rss_kib(server.pid());
+    server.embed(json!("bye"), json!({"keep_alive": 0}));
+    assert_eq!(state(&server, FP32), "unloaded");
+    thread::sleep(Duration::from_millis(500));
+    (cold, loaded, rss_kib(server.pid()))
+}
+
+/// Prints the README's memory and cold-load figures:
+/// `cargo test --release --test lifecycle memory -- --nocapture`
+#[test]
+fn memory_is_given_back_after_an_unload() {
+    let config = format!("[server]\nkeep_alive = -1\n{}", model_entry(FP32, FP32, ""));
+    let server = Server::start(Some(&config), &[]);
+    thread::sleep(Duration::from_millis(500));
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let idle = rss_kib(server.pid());
+    let (cold, loaded, after_first) = load_use_unload(&server);
+    println!(
+        "first load: cold on-demand load to first answer {:.0} ms; RSS idle before any load {:.1} MiB, loaded {:.1} MiB, after unload {:.1} MiB",
+        cold.as_secs_f64() * 1e3, mib(idle), mib(loaded), mib(after_first)
+    );
+    assert!(loaded > idle + 100 * 1024, "the loaded model should show in RSS: idle {idle} KiB, loaded {loaded} KiB");
+    // The first load also pages in the runtime library's code and its one-time
+    // state; from then on every unload must return to the idle level.
+    for cycle in 2..=4 {
+        let before = rss_kib(server.pid());
+        let (cold, loaded, after) = load_use_unload(&server);
+        println!(
+            "load {cycle}: cold load to first answer {:.0} ms; RSS before load {:.1} MiB, loaded {:.1} MiB, after unload {:.1} MiB ({:+.1} %)",
+            cold.as_secs_f64() * 1e3, mib(before), mib(loaded), mib(after), (after as f64 / before as f64 - 1.0) * 100.0
+        );
+        assert!(after as f64 <= before as f64 * 1.10, "unload {cycle} kept memory: before {before} KiB, after {after} KiB");
+    }
+}

@@ -47,6 +47,12 @@ fn open_runtime(library: &Path) -> Result<Runtime, String> {
     Ok((env, version))
 }
 
+/// Opens the runtime library (once per process) and returns its version, so a
+/// missing or wrong library shows at start-up rather than at the first request.
+pub fn open(library: &Path) -> Result<String, EngineError> {
+    runtime(library).map(|(_, version)| version.clone())
+}
+
 pub struct OnnxRuntimeEngine {
     session: Session,
     info: EngineInfo,

@@ -1,0 +1,103 @@
+//! Soak, run on demand (not in CI):
+//!   cargo test --release --test soak -- --ignored --nocapture
+//! keep_alive = 0 under concurrent load for EEANE_SOAK_SECONDS (default 600):
+//! the model unloads whenever it goes idle and reloads on the next request.
+//! Checks: no failed request, vectors bit-identical across reloads, and the
+//! unloaded server's RSS grows by no more than 5 %.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{model_entry, Server};
+use serde_json::{json, Value};
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+#[ignore = "runs for 10 minutes; run on demand"]
+fn keep_alive_0_under_concurrent_load() {
+    let seconds: u64 = std::env::var("EEANE_SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
+    let config = format!("[server]\nkeep_alive = 0\n{}", model_entry("m", "all-minilm-l6-v2", ""));
+    let server = Arc::new(Server::start(Some(&config), &[]));
+    let requests: Vec<Value> = vec![
+        json!("hello"),
+        json!(["def f(x):\n    return x + 1", "a docstring about parsing", "SELECT 1"]),
+        json!(common::fixture_texts()),
+        json!({"dimensions": 64}),
+    ];
+    let requests: Vec<Value> = requests
+        .into_iter()
+        .map(|r| if r.is_object() { json!({"input": "truncated", "dimensions": 64}) } else { json!({"input": r}) })
+        .collect();
+    // The expected answer to each request, from a first pass.
+    let expected: Vec<Value> = requests.iter().map(|r| server.post("/v1/embeddings", r).1["data"].clone()).collect();
+
+    let (stop, pause) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let (server, requests, expected) = (server.clone(), requests.clone(), expected.clone());
+            let (stop, pause, done, failed) = (stop.clone(), pause.clone(), done.clone(), failed.clone());
+            thread::spawn(move || {
+                let mut i = c;
+                while !stop.load(Ordering::Relaxed) {
+                    if pause.load(Ordering::Relaxed) {
+                        thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                    let k = i % requests.len();
+                    let (status, body) = server.post("/v1/embeddings", &requests[k]);
+                    if status != 200 || body["data"] != expected[k] {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("request {k}: status {status}, identical {}", body["data"] == expected[k]);
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                    // Gaps, so that the model goes idle (and unloads) now and then.
+                    thread::sleep(Duration::from_millis(((i * 37 + c * 11) % 60) as u64));
+                }
+            })
+        })
+        .collect();
+
+    // Every 30 s: pause the clients, let the model unload, and sample RSS.
+    let unloaded_rss = || {
+        pause.store(true, Ordering::Relaxed);
+        server.wait_for_health("an idle, unloaded model", Duration::from_secs(60), |h| {
+            h["pending_requests"] == 0 && h["models"][0]["state"] == "unloaded"
+        });
+        thread::sleep(Duration::from_millis(300));
+        let rss = rss_kib(server.pid());
+        pause.store(false, Ordering::Relaxed);
+        rss
+    };
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        thread::sleep(Duration::from_secs(30).min(Duration::from_secs(seconds).saturating_sub(started.elapsed())));
+        samples.push(unloaded_rss());
+    }
+    stop.store(true, Ordering::Relaxed);
+    clients.into_iter().for_each(|c| c.join().unwrap());
+    let loads = server.model_health("m")["counters"]["loads"].as_u64().unwrap();
+    let (first, last) = (samples[0], *samples.last().unwrap());
+    println!(
+        "soak {seconds} s: {} requests, {} failed, {loads} loads; unloaded RSS first {:.1} MiB, last {:.1} MiB ({:+.1} %), max {:.1} MiB",
+        done.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        first as f64 / 1024.0,
+        last as f64 / 1024.0,
+        (last as f64 / first as f64 - 1.0) * 100.0,
+        *samples.iter().max().unwrap() as f64 / 1024.0
+    );
+    assert_eq!(failed.load(Ordering::Relaxed), 0);
+    assert!(loads > 10, "the model should have reloaded many times, not {loads}");
+    assert!(last as f64 <= first as f64 * 1.05, "RSS grew: {samples:?}");
+}
