@@ -106,6 +106,27 @@ fn cpu() -> String {
 fn default_max_batch() -> usize {
     32
 }
+fn default_max_batch_tokens() -> usize {
+    8192
+}
+
+/// One length bucket of a model: sequences up to `max_tokens`, `max_batch` per batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketConfig {
+    pub max_tokens: usize,
+    pub max_batch: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchOrder {
+    /// Sort waiting sequences by length and batch similar lengths together.
+    #[default]
+    Sorted,
+    /// Arrival order, padded to each batch's longest (a baseline for `eeane bench`).
+    Arrival,
+}
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -129,15 +150,31 @@ pub struct ModelConfig {
     /// Engine compute threads; 0 lets the runtime choose.
     #[serde(default)]
     pub threads: usize,
-    /// Most sequences in one forward pass.
+    /// Most sequences in one forward pass (when no buckets are given).
     #[serde(default = "default_max_batch")]
     pub max_batch: usize,
+    /// Length buckets, ascending; unset means one bucket of max_tokens and max_batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buckets: Vec<BucketConfig>,
+    /// Most tokens (rows x padded length) in one forward pass.
+    #[serde(default = "default_max_batch_tokens")]
+    pub max_batch_tokens: usize,
+    /// A batch runs at its longest sequence rounded up to a multiple of this;
+    /// unset takes the engine's preference (1 for ONNX Runtime on the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_to_multiple_of: Option<usize>,
+    #[serde(default)]
+    pub batch_order: BatchOrder,
     /// Graph output to read; unset takes the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
     /// Precision label reported in /health (the graph decides the real one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<String>,
+    /// Let ONNX Runtime's compute threads spin between operations (off: on a
+    /// small machine they steal the cores tokenization and HTTP need).
+    #[serde(default)]
+    pub spin: bool,
     /// Overrides server.default_load_policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_policy: Option<LoadPolicy>,
@@ -300,6 +337,15 @@ impl Config {
             }
             if m.max_batch == 0 {
                 return invalid(key("max_batch"), "must be at least 1".into());
+            }
+            if m.buckets.iter().any(|b| b.max_tokens == 0 || b.max_batch == 0) {
+                return invalid(key("buckets"), "every bucket needs max_tokens and max_batch of at least 1".into());
+            }
+            if m.buckets.windows(2).any(|w| w[0].max_tokens >= w[1].max_tokens) {
+                return invalid(key("buckets"), "buckets must be in ascending order of max_tokens".into());
+            }
+            if m.buckets.iter().any(|b| b.max_tokens > m.max_tokens) {
+                return invalid(key("buckets"), format!("a bucket is longer than max_tokens = {}", m.max_tokens));
             }
         }
         let resident = self.models.iter().filter(|m| m.policy(&self.server) == LoadPolicy::Resident).count();

@@ -2,6 +2,7 @@
 //! pluggable engine, served over an OpenAI-compatible HTTP API.
 
 pub mod batcher;
+pub mod bench;
 pub mod config;
 pub mod engines;
 pub mod http;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use eeane::config::{find_file, CliOverrides, Config};
 use eeane::http::{router, AppState};
+use eeane::bench::BenchOptions;
 use eeane::serving::Service;
 
 /// Exit status for a bad config or a model that fails its preflight.
@@ -36,6 +37,30 @@ enum Command {
     },
     /// Validate the config and print it as resolved, with the API key redacted.
     CheckConfig,
+    /// Measure a model's throughput four ways in one run and print the ratios.
+    Bench {
+        /// Model id or alias (default: the first servable model).
+        #[arg(long)]
+        model: Option<String>,
+        /// Texts in the built-in corpus.
+        #[arg(long, default_value_t = 2000)]
+        texts: usize,
+        /// Corpus seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Texts per bulk request, and the engine batch size.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        /// Concurrent clients sending bulk requests.
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        /// Concurrent one-text requests.
+        #[arg(long, default_value_t = 32)]
+        parallel: usize,
+        /// Also write the report as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -49,7 +74,7 @@ fn main() -> ExitCode {
         .init();
     let overrides = || match &cli.command {
         Command::Serve { host, port } => CliOverrides { host: host.clone(), port: *port },
-        Command::CheckConfig => CliOverrides::default(),
+        _ => CliOverrides::default(),
     };
     let config = match find_file(cli.config.as_deref()).and_then(|file| Config::load(file.as_deref(), &overrides())) {
         Ok(config) => config,
@@ -60,6 +85,20 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::CheckConfig => check_config(&config),
+        Command::Bench { model, texts, seed, batch, clients, parallel, json } => {
+            let options = BenchOptions { model, texts, seed, batch, clients, parallel, json };
+            let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+            match runtime.block_on(eeane::bench::run(config, options.clone())) {
+                Ok(report) => {
+                    print!("{}", eeane::bench::table(&report, &options));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("eeane bench: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Serve { .. } => {
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
             runtime.block_on(serve(config, cli.config.clone(), overrides()))

@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use eeane_backend_core::{EngineError, EngineSpec};
 
-use crate::batcher::{EngineWorker, Pipeline, WorkerError};
+use crate::batcher::{BatchPolicy, Bucket, EngineWorker, Order, Pipeline, WorkerError};
+use crate::config::BatchOrder;
 use crate::config::{Config, ModelConfig};
 use crate::tokenize::{Encoded, TextTokenizer, TokenizeError};
 
@@ -68,10 +69,14 @@ impl LoadedModel {
             device: config.device.clone(),
             threads: config.threads,
             output: config.output.clone(),
-            options: config.precision.iter().map(|p| ("precision".to_string(), p.clone())).collect(),
+            options: config
+                .precision
+                .iter()
+                .map(|p| ("precision".to_string(), p.clone()))
+                .chain([("spin".to_string(), config.spin.to_string())])
+                .collect(),
         };
-        let pipeline =
-            Pipeline { pooling: config.pooling, normalize: config.normalize, max_batch: config.max_batch, pad_id: tokenizer.pad_id() };
+        let pipeline = Pipeline { pooling: config.pooling, normalize: config.normalize, policy: batch_policy(config), pad_id: tokenizer.pad_id() };
         let worker = EngineWorker::start(&config.id, loader, spec, pipeline).await?;
         let tokenizer = Arc::new(tokenizer);
         let warm = tokenizer.encode_texts(&["eeane".to_string()])?;
@@ -81,6 +86,10 @@ impl LoadedModel {
 
     pub fn engine_info(&self) -> &eeane_backend_core::EngineInfo {
         self.worker.info()
+    }
+
+    pub fn stats(&self) -> &crate::batcher::WorkerStats {
+        &self.worker.stats
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -112,4 +121,23 @@ pub fn check_files(config: &ModelConfig, server: &Config) -> Result<(), String> 
     }
     TextTokenizer::from_file(&config.tokenizer.path(), config.max_tokens).map_err(|e| e.to_string())?;
     crate::engines::open_runtime(&config.engine, server).map(drop)
+}
+
+/// The batcher's policy from a model's config: its buckets, or one bucket of
+/// `max_tokens` x `max_batch`.
+pub fn batch_policy(config: &ModelConfig) -> BatchPolicy {
+    let mut buckets: Vec<Bucket> = config.buckets.iter().map(|b| Bucket { max_tokens: b.max_tokens, max_batch: b.max_batch }).collect();
+    if buckets.last().is_none_or(|b| b.max_tokens < config.max_tokens) {
+        buckets.push(Bucket { max_tokens: config.max_tokens, max_batch: config.max_batch });
+    }
+    BatchPolicy {
+        buckets,
+        max_batch_tokens: config.max_batch_tokens,
+        pad_to_multiple_of: config.pad_to_multiple_of.unwrap_or(0),
+        pad_to_bucket: false,
+        order: match config.batch_order {
+            BatchOrder::Sorted => Order::Sorted,
+            BatchOrder::Arrival => Order::Arrival,
+        },
+    }
 }

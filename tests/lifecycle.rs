@@ -288,16 +288,10 @@ fn reload_adds_and_removes_models_and_refuses_a_broken_file() {
     assert!(server.stderr().contains("reload refused"), "the broken SIGHUP reload was logged");
 }
 
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 fn rss_kib(pid: u32) -> u64 {
-    let (anon, file) = (status_kib(pid, "RssAnon:"), status_kib(pid, "RssFile:"));
-    eprintln!("  RssAnon {anon} KiB, RssFile {file} KiB, threads {}", status_kib(pid, "Threads:"));
-    status_kib(pid, "VmRSS:")
+    let status = |field| common::proc_status_kib(pid, field);
+    eprintln!("  RssAnon {} KiB, RssFile {} KiB, threads {}", status("RssAnon:"), status("RssFile:"), status("Threads:"));
+    status("VmRSS:")
 }
 
 /// One load, real work, and an unload; returns (cold first answer, RSS loaded, RSS after unload).
@@ -309,7 +303,7 @@ fn load_use_unload(server: &Server) -> (Duration, u64, u64) {
     server.embed(json!(long_texts(32, "mem")), json!({}));
     let loaded = rss_kib(server.pid());
     server.embed(json!("bye"), json!({"keep_alive": 0}));
-    assert_eq!(state(&server, FP32), "unloaded");
+    assert_eq!(state(server, FP32), "unloaded");
     thread::sleep(Duration::from_millis(500));
     (cold, loaded, rss_kib(server.pid()))
 }

@@ -16,8 +16,7 @@ use common::{model_entry, Server};
 use serde_json::{json, Value};
 
 fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap()
+    common::proc_status_kib(pid, "VmRSS:")
 }
 
 #[test]

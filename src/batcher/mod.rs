@@ -1,14 +1,20 @@
-//! The engine worker: one thread per loaded model owns the engine, takes jobs
-//! from a channel, forms batches, runs them and pools the result. Inference
-//! never runs on the async runtime.
+//! The engine worker: one thread per loaded model owns the engine, gathers the
+//! sequences of every request waiting for it, plans batches across requests
+//! (see `plan`), runs them, pools the output and hands each request its
+//! vectors in input order. Inference never runs on the async runtime.
 
+mod plan;
+
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
-use eeane_backend_core::{EngineError, EngineInfo, EngineLoader, EngineOutput, EngineSpec, TokenBatch};
+use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineLoader, EngineOutput, EngineSpec, InputShapes, TokenBatch};
 use tokio::sync::oneshot;
+
+pub use plan::{BatchPolicy, Bucket, Order, Planned, Pool};
 
 use crate::config::Pooling;
 use crate::pooling::{normalize, pool};
@@ -19,7 +25,7 @@ use crate::tokenize::Encoded;
 pub struct Pipeline {
     pub pooling: Pooling,
     pub normalize: bool,
-    pub max_batch: usize,
+    pub policy: BatchPolicy,
     pub pad_id: i64,
 }
 
@@ -45,11 +51,23 @@ struct Job {
     claim: Arc<AtomicU8>,
 }
 
+/// Engine calls and their shape, for /health and `eeane bench`.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    pub batches: AtomicU64,
+    pub rows: AtomicU64,
+    /// Tokens the engine computed, padding included.
+    pub padded_tokens: AtomicU64,
+    /// Tokens of the sequences themselves.
+    pub real_tokens: AtomicU64,
+}
+
 /// A handle to a running engine thread; dropping the last handle stops the
 /// thread and drops (unloads) the engine.
 pub struct EngineWorker {
     jobs: mpsc::Sender<Job>,
     info: EngineInfo,
+    pub stats: Arc<WorkerStats>,
 }
 
 impl EngineWorker {
@@ -57,10 +75,12 @@ impl EngineWorker {
     pub async fn start(name: &str, loader: EngineLoader, spec: EngineSpec, pipeline: Pipeline) -> Result<Self, EngineError> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = oneshot::channel();
+        let stats = Arc::new(WorkerStats::default());
+        let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name(format!("engine-{name}"))
             .spawn(move || {
-                let mut engine = match loader(&spec) {
+                let engine = match loader(&spec) {
                     Ok(engine) => engine,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -68,21 +88,12 @@ impl EngineWorker {
                     }
                 };
                 let _ = ready_tx.send(Ok(engine.info().clone()));
-                for job in queue {
-                    // Skip jobs whose request gave up (queue_timeout) or went away.
-                    if job.reply.is_closed() || job.claim.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire).is_err() {
-                        continue;
-                    }
-                    let result = catch_unwind(AssertUnwindSafe(|| run_job(&mut *engine, &pipeline, &job.seqs)))
-                        .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
-                    let _ = job.reply.send(result);
-                }
-                drop(engine);
+                serve_jobs(engine, pipeline, queue, &thread_stats);
                 release_freed_memory();
             })
             .map_err(|e| EngineError::Runtime(format!("cannot start the engine thread: {e}")))?;
         let info = ready_rx.await.map_err(|_| EngineError::Runtime("the engine thread died while loading".into()))??;
-        Ok(Self { jobs, info })
+        Ok(Self { jobs, info, stats })
     }
 
     pub fn info(&self) -> &EngineInfo {
@@ -90,8 +101,8 @@ impl EngineWorker {
     }
 
     /// Embeds `seqs`, returning one vector per sequence in the same order. If
-    /// the engine has not taken the job by `deadline`, gives up with `QueueTimeout`;
-    /// once it has, the job runs to the end.
+    /// the engine has not started on the job by `deadline`, gives up with
+    /// `QueueTimeout`; once it has, the job runs to the end.
     pub async fn embed(&self, seqs: Vec<Encoded>, deadline: Option<Instant>) -> Result<Vec<Vec<f32>>, WorkerError> {
         let stopped = || WorkerError::Engine(EngineError::Runtime("the engine thread has stopped".into()));
         let (reply, mut answer) = oneshot::channel();
@@ -109,23 +120,111 @@ impl EngineWorker {
     }
 }
 
-/// Runs `seqs` in batches of similar length (sorted, so little padding), and
-/// returns their vectors in input order.
-fn run_job(engine: &mut dyn eeane_backend_core::Engine, pipeline: &Pipeline, seqs: &[Encoded]) -> Result<Vec<Vec<f32>>, EngineError> {
-    let mut order: Vec<usize> = (0..seqs.len()).collect();
-    order.sort_by_key(|&i| seqs[i].ids.len());
-    let mut out = vec![Vec::new(); seqs.len()];
-    for chunk in order.chunks(pipeline.max_batch) {
-        let rows: Vec<(&[i64], Option<&[i64]>)> =
-            chunk.iter().map(|&i| (seqs[i].ids.as_slice(), Some(seqs[i].type_ids.as_slice()))).collect();
-        let seq = rows.iter().map(|(ids, _)| ids.len()).max().unwrap_or(0);
-        let batch = TokenBatch::from_rows(&rows, seq, pipeline.pad_id);
-        let vectors = pool_output(engine.run(&batch)?, &batch, pipeline)?;
-        for (&i, v) in chunk.iter().zip(vectors) {
-            out[i] = v;
+/// A request in the worker: its sequences and the vectors computed so far.
+struct Active {
+    job: Job,
+    vectors: Vec<Vec<f32>>,
+    left: usize,
+    started: bool,
+}
+
+/// The worker loop: take every job that has arrived, plan one batch across
+/// them, run it, deliver finished jobs; block only when nothing is waiting.
+fn serve_jobs(mut engine: Box<dyn Engine>, mut pipeline: Pipeline, queue: mpsc::Receiver<Job>, stats: &WorkerStats) {
+    if matches!(engine.info().shapes, InputShapes::Fixed(_)) {
+        pipeline.policy.pad_to_bucket = true;
+    }
+    if pipeline.policy.pad_to_multiple_of == 0 {
+        pipeline.policy.pad_to_multiple_of = engine.info().seq_multiple.max(1);
+    }
+    let mut pool = Pool::default();
+    let mut active: HashMap<u64, Active> = HashMap::new();
+    let mut next_id = 0u64;
+    let mut admit = |job: Job, pool: &mut Pool, active: &mut HashMap<u64, Active>| {
+        next_id += 1;
+        let lens = job.seqs.iter().map(|s| s.ids.len()).collect();
+        pool.add(next_id, lens, pipeline.policy.order);
+        let left = job.seqs.len();
+        active.insert(next_id, Active { vectors: vec![Vec::new(); left], left, started: false, job });
+    };
+    loop {
+        if pool.is_empty() {
+            match queue.recv() {
+                Ok(job) => admit(job, &mut pool, &mut active),
+                Err(_) => break,
+            }
+        }
+        while let Ok(job) = queue.try_recv() {
+            admit(job, &mut pool, &mut active);
+        }
+        // Forget requests that went away, or gave up (queue_timeout) before starting.
+        active.retain(|&id, a| {
+            let keep = !a.job.reply.is_closed() && (a.started || a.job.claim.load(Ordering::Acquire) == QUEUED);
+            if !keep {
+                pool.remove(id);
+            }
+            keep
+        });
+        let Some(mut planned) = pool.next_batch(&pipeline.policy) else { continue };
+        planned.items.retain(|(id, _)| match active.get_mut(id) {
+            Some(a) if a.started => true,
+            Some(a) => {
+                a.started = a.job.claim.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire).is_ok();
+                a.started
+            }
+            None => false,
+        });
+        if planned.items.is_empty() {
+            continue;
+        }
+        let result = catch_unwind(AssertUnwindSafe(|| run_batch(&mut *engine, &pipeline, &active, &planned, stats)))
+            .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
+        match result {
+            Ok(vectors) => {
+                for (&(id, index), vector) in planned.items.iter().zip(vectors) {
+                    let a = active.get_mut(&id).expect("planned job is active");
+                    a.vectors[index] = vector;
+                    a.left -= 1;
+                    if a.left == 0 {
+                        let done = active.remove(&id).expect("active");
+                        let _ = done.job.reply.send(Ok(done.vectors));
+                    }
+                }
+            }
+            Err(e) => {
+                for &(id, _) in &planned.items {
+                    if let Some(failed) = active.remove(&id) {
+                        pool.remove(id);
+                        let _ = failed.job.reply.send(Err(e.clone()));
+                    }
+                }
+            }
         }
     }
-    Ok(out)
+    drop(engine);
+}
+
+fn run_batch(
+    engine: &mut dyn Engine,
+    pipeline: &Pipeline,
+    active: &HashMap<u64, Active>,
+    planned: &Planned,
+    stats: &WorkerStats,
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    let rows: Vec<(&[i64], Option<&[i64]>)> = planned
+        .items
+        .iter()
+        .map(|(id, index)| {
+            let seq = &active[id].job.seqs[*index];
+            (seq.ids.as_slice(), Some(seq.type_ids.as_slice()))
+        })
+        .collect();
+    let batch = TokenBatch::from_rows(&rows, planned.seq, pipeline.pad_id);
+    stats.batches.fetch_add(1, Ordering::Relaxed);
+    stats.rows.fetch_add(batch.batch as u64, Ordering::Relaxed);
+    stats.padded_tokens.fetch_add((batch.batch * batch.seq) as u64, Ordering::Relaxed);
+    stats.real_tokens.fetch_add(batch.lengths.iter().sum::<usize>() as u64, Ordering::Relaxed);
+    pool_output(engine.run(&batch)?, &batch, pipeline)
 }
 
 fn pool_output(output: EngineOutput, batch: &TokenBatch, pipeline: &Pipeline) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -166,7 +265,6 @@ fn release_freed_memory() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eeane_backend_core::{Engine, InputShapes};
 
     /// Returns each token's id as its state, so pooling is checkable by hand.
     struct EchoEngine(EngineInfo);
@@ -188,6 +286,7 @@ mod tests {
             precision: "fp32".into(),
             shapes: InputShapes::Dynamic,
             takes_token_type_ids: false,
+            seq_multiple: 8,
             accelerated_layers: None,
             runtime_version: None,
         })))
@@ -195,7 +294,14 @@ mod tests {
 
     #[tokio::test]
     async fn vectors_come_back_in_input_order_across_batches() {
-        let pipeline = Pipeline { pooling: Pooling::Mean, normalize: false, max_batch: 2, pad_id: 0 };
+        let policy = BatchPolicy {
+            buckets: vec![Bucket { max_tokens: 16, max_batch: 2 }],
+            max_batch_tokens: 1024,
+            pad_to_multiple_of: 0,
+            pad_to_bucket: false,
+            order: Order::Sorted,
+        };
+        let pipeline = Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 };
         let worker = EngineWorker::start("echo", echo, EngineSpec::default(), pipeline).await.unwrap();
         let seqs: Vec<Encoded> = [vec![4, 4, 4, 4], vec![2], vec![6, 8], vec![10, 10, 10]]
             .into_iter()

@@ -14,6 +14,10 @@ use crate::registry::{KeepAlive, SlotState};
 pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> Result<Json<Value>, ApiError> {
     let live = app.service.live();
     if let Some(limiter) = &live.health_limiter {
+        // Keyed state grows with distinct addresses; drop those whose quota has refilled.
+        if limiter.len() > 10_000 {
+            limiter.retain_recent();
+        }
         if let Err(not_until) = limiter.check_key(&peer.ip()) {
             let wait = not_until.wait_time_from(DefaultClock::default().now()).as_secs().max(1);
             return Err(ApiError::too_many_requests("rate_limited", "Too many /health requests from this address (health_rate_limit)", wait));
@@ -54,6 +58,14 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
                 entry["runtime_version"] = json!(info.runtime_version);
                 entry["dimensions"] = json!(model.dimensions);
                 entry["load_ms"] = json!(model.load_ms);
+                let stats = model.stats();
+                let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+                entry["engine_calls"] = json!({
+                    "batches": load(&stats.batches),
+                    "rows": load(&stats.rows),
+                    "padded_tokens": load(&stats.padded_tokens),
+                    "real_tokens": load(&stats.real_tokens),
+                });
             }
             // Flatten the status fields next to the others.
             if let Some(Value::Object(status)) = entry.as_object_mut().and_then(|e| e.remove("status")) {

@@ -156,7 +156,7 @@ pub fn parse_keep_alive(value: Option<Value>) -> Result<Option<KeepAlive>, ApiEr
     };
     Ok(Some(match seconds {
         s if s < 0.0 => KeepAlive::Never,
-        s if s == 0.0 => KeepAlive::Immediately,
+        0.0 => KeepAlive::Immediately,
         s => KeepAlive::For(Duration::from_secs_f64(s)),
     }))
 }

@@ -78,6 +78,10 @@ pub struct EngineInfo {
     pub shapes: InputShapes,
     /// Whether the model takes token type ids.
     pub takes_token_type_ids: bool,
+    /// Sequence lengths the engine runs best at are multiples of this (8 on
+    /// GPUs, 1 where padding only costs); the batcher rounds up to it unless
+    /// the model's config says otherwise.
+    pub seq_multiple: usize,
     /// Layers placed on the accelerator, when the engine can tell (`accelerated`, `total`).
     pub accelerated_layers: Option<(usize, usize)>,
     /// Runtime library version, when known.

@@ -81,6 +81,10 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     if spec.threads > 0 {
         builder = builder.with_intra_threads(spec.threads).map_err(|e| model_err(e.into()))?;
     }
+    // Spinning compute threads steal the cores that tokenization and HTTP need
+    // between forward passes; "spin = true" in the model's options turns it back on.
+    let spin = spec.options.get("spin").is_some_and(|v| v == "true");
+    builder = builder.with_intra_op_spinning(spin).map_err(|e| model_err(e.into()))?;
     let session = builder.commit_from_file(&spec.model_path).map_err(model_err)?;
 
     let input_names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
@@ -116,6 +120,9 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         precision,
         shapes: InputShapes::Dynamic,
         takes_token_type_ids: input_names.contains(&"token_type_ids"),
+        // On the CPU every padded token costs compute and no length runs faster
+        // than a shorter one, so batches run at their exact longest length.
+        seq_multiple: 1,
         accelerated_layers: None,
         runtime_version: Some(version.clone()),
     };

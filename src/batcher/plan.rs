@@ -1,0 +1,271 @@
+//! Which queued sequences run together. Pure bookkeeping, no engine: the worker
+//! adds each request's token lengths and asks for the next batch.
+//!
+//! Sorted order (the default): the next batch is anchored on the request served
+//! least recently (new requests first, in arrival order), on its shortest
+//! waiting sequence; that sequence's length bucket is filled with the waiting
+//! sequences of every request closest to it in length, up to the bucket's batch
+//! size and the token budget. Requests take turns, so one huge request cannot
+//! starve small ones, and batches hold sequences of similar length, so little
+//! compute goes to padding.
+//!
+//! Arrival order is the baseline `eeane bench` compares against: sequences in
+//! the order they came, padded to the longest of each batch.
+
+use std::collections::HashMap;
+
+/// One length bucket: sequences up to `max_tokens` tokens, at most `max_batch` per batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bucket {
+    pub max_tokens: usize,
+    pub max_batch: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    Sorted,
+    Arrival,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchPolicy {
+    /// Ascending by `max_tokens`; the last one takes everything longer too.
+    pub buckets: Vec<Bucket>,
+    /// Most tokens (rows × padded length) in one batch; a single sequence always fits.
+    pub max_batch_tokens: usize,
+    /// Dispatch length is the batch's longest sequence rounded up to this
+    /// (0: the worker fills in the engine's preference).
+    pub pad_to_multiple_of: usize,
+    /// Pad every batch to its bucket's `max_tokens` (engines with static shapes).
+    pub pad_to_bucket: bool,
+    pub order: Order,
+}
+
+impl BatchPolicy {
+    pub fn bucket_of(&self, len: usize) -> usize {
+        self.buckets.iter().position(|b| len <= b.max_tokens).unwrap_or(self.buckets.len() - 1)
+    }
+
+    /// The sequence length a batch whose longest row is `longest` runs at.
+    pub fn dispatch_len(&self, bucket: usize, longest: usize) -> usize {
+        let ceiling = self.buckets[bucket].max_tokens.max(longest);
+        if self.pad_to_bucket {
+            return ceiling;
+        }
+        if self.order == Order::Arrival {
+            return longest;
+        }
+        let multiple = self.pad_to_multiple_of.max(1);
+        longest.div_ceil(multiple).saturating_mul(multiple).min(ceiling).max(longest)
+    }
+}
+
+/// A planned batch: `(job, index)` pairs and the length to pad them to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    pub items: Vec<(u64, usize)>,
+    pub seq: usize,
+}
+
+struct Waiting {
+    lens: Vec<usize>,
+    /// Indices not yet planned; ascending by length in sorted order.
+    remaining: Vec<usize>,
+    last_served: u64,
+    arrival: u64,
+}
+
+#[derive(Default)]
+pub struct Pool {
+    jobs: HashMap<u64, Waiting>,
+    arrivals: u64,
+    tick: u64,
+}
+
+impl Pool {
+    pub fn add(&mut self, job: u64, lens: Vec<usize>, order: Order) {
+        let mut remaining: Vec<usize> = (0..lens.len()).collect();
+        if order == Order::Sorted {
+            remaining.sort_by_key(|&i| lens[i]);
+        }
+        self.arrivals += 1;
+        self.jobs.insert(job, Waiting { lens, remaining, last_served: 0, arrival: self.arrivals });
+    }
+
+    pub fn remove(&mut self, job: u64) {
+        self.jobs.remove(&job);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.jobs.values().all(|j| j.remaining.is_empty())
+    }
+
+    /// Jobs that still have sequences waiting.
+    pub fn waiting_jobs(&self) -> impl Iterator<Item = u64> + '_ {
+        self.jobs.iter().filter(|(_, j)| !j.remaining.is_empty()).map(|(&id, _)| id)
+    }
+
+    pub fn next_batch(&mut self, policy: &BatchPolicy) -> Option<Planned> {
+        let planned = match policy.order {
+            Order::Sorted => self.next_sorted(policy)?,
+            Order::Arrival => self.next_arrival(policy)?,
+        };
+        self.tick += 1;
+        let mut taken: HashMap<u64, Vec<usize>> = HashMap::new();
+        for &(job, index) in &planned.items {
+            taken.entry(job).or_default().push(index);
+        }
+        for (job, indices) in taken {
+            let waiting = self.jobs.get_mut(&job).expect("planned from a waiting job");
+            waiting.remaining.retain(|i| !indices.contains(i));
+            waiting.last_served = self.tick;
+        }
+        self.jobs.retain(|_, j| !j.remaining.is_empty());
+        Some(planned)
+    }
+
+    fn next_sorted(&self, policy: &BatchPolicy) -> Option<Planned> {
+        let (&anchor_job, anchor) = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| !j.remaining.is_empty())
+            .min_by_key(|(_, j)| (j.last_served, j.arrival))?;
+        let anchor_index = anchor.remaining[0];
+        let bucket = policy.bucket_of(anchor.lens[anchor_index]);
+        let mut candidates: Vec<(usize, u64, u64, usize)> = self
+            .jobs
+            .iter()
+            .flat_map(|(&id, j)| j.remaining.iter().map(move |&i| (j.lens[i], j.arrival, id, i)))
+            .filter(|&(len, ..)| policy.bucket_of(len) == bucket)
+            .collect();
+        candidates.sort_unstable();
+        let at = candidates.iter().position(|&(_, _, id, i)| id == anchor_job && i == anchor_index).expect("anchor is a candidate");
+        let cap = policy.buckets[bucket].max_batch.max(1);
+        let fits = |rows: usize, longest: usize| rows * policy.dispatch_len(bucket, longest) <= policy.max_batch_tokens;
+        // Among the windows of similar lengths that hold the anchor (as many rows
+        // as the bucket and the token budget allow), take the one that wastes the
+        // fewest tokens on padding.
+        let mut best: Option<(usize, usize, usize)> = None; // (waste, lo, hi)
+        for lo in at.saturating_sub(cap - 1)..=at {
+            let mut hi = at + 1;
+            while hi - lo < cap && hi < candidates.len() && fits(hi - lo + 1, candidates[hi].0) {
+                hi += 1;
+            }
+            if !fits(hi - lo, candidates[hi - 1].0) && hi - lo > 1 {
+                continue;
+            }
+            let rows = hi - lo;
+            let computed = rows * policy.dispatch_len(bucket, candidates[hi - 1].0);
+            let real: usize = candidates[lo..hi].iter().map(|c| c.0).sum();
+            // Fewer rows per call cost too: compare waste per row.
+            let waste = (computed - real) * cap / rows;
+            if best.is_none_or(|(w, l, h)| waste < w || (waste == w && hi - lo > h - l)) {
+                best = Some((waste, lo, hi));
+            }
+        }
+        let (_, lo, hi) = best.expect("the anchor alone always fits");
+        let longest = candidates[hi - 1].0;
+        Some(Planned {
+            items: candidates[lo..hi].iter().map(|&(_, _, id, i)| (id, i)).collect(),
+            seq: policy.dispatch_len(bucket, longest),
+        })
+    }
+
+    fn next_arrival(&self, policy: &BatchPolicy) -> Option<Planned> {
+        let mut jobs: Vec<(&u64, &Waiting)> = self.jobs.iter().filter(|(_, j)| !j.remaining.is_empty()).collect();
+        jobs.sort_by_key(|(_, j)| j.arrival);
+        let cap = policy.buckets.last().map_or(1, |b| b.max_batch).max(1);
+        let mut items = Vec::new();
+        let mut longest = 0;
+        'fill: for (&id, j) in jobs {
+            for &i in &j.remaining {
+                let len = j.lens[i];
+                if items.len() == cap || (!items.is_empty() && (items.len() + 1) * longest.max(len) > policy.max_batch_tokens) {
+                    break 'fill;
+                }
+                longest = longest.max(len);
+                items.push((id, i));
+            }
+        }
+        (!items.is_empty()).then(|| Planned { items, seq: longest })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(buckets: &[(usize, usize)], order: Order) -> BatchPolicy {
+        BatchPolicy {
+            buckets: buckets.iter().map(|&(max_tokens, max_batch)| Bucket { max_tokens, max_batch }).collect(),
+            max_batch_tokens: 100_000,
+            pad_to_multiple_of: 8,
+            pad_to_bucket: false,
+            order,
+        }
+    }
+
+    fn drain(pool: &mut Pool, policy: &BatchPolicy) -> Vec<Planned> {
+        std::iter::from_fn(|| pool.next_batch(policy)).collect()
+    }
+
+    #[test]
+    fn every_sequence_is_planned_exactly_once() {
+        let p = policy(&[(16, 3), (64, 2), (256, 4)], Order::Sorted);
+        let mut pool = Pool::default();
+        pool.add(1, vec![5, 70, 12, 200, 9, 40, 41, 3], Order::Sorted);
+        pool.add(2, vec![100, 2], Order::Sorted);
+        let mut seen: Vec<(u64, usize)> = drain(&mut pool, &p).into_iter().flat_map(|b| b.items).collect();
+        seen.sort();
+        let want: Vec<(u64, usize)> = (0..8).map(|i| (1, i)).chain((0..2).map(|i| (2, i))).collect();
+        assert_eq!(seen, want);
+        assert!(pool.is_empty());
+    }
+
+    #[test]
+    fn batches_stay_in_one_bucket_and_round_up_to_eight() {
+        let p = policy(&[(16, 8), (64, 8)], Order::Sorted);
+        let mut pool = Pool::default();
+        pool.add(1, vec![3, 60, 10, 17, 5], Order::Sorted);
+        let batches = drain(&mut pool, &p);
+        assert_eq!(batches[0].items, vec![(1, 0), (1, 4), (1, 2)]);
+        assert_eq!(batches[0].seq, 16, "longest 10 rounds up to 16");
+        assert_eq!(batches[1].items.len(), 2);
+        assert_eq!(batches[1].seq, 64, "longest 60 rounds up to 64");
+    }
+
+    #[test]
+    fn a_small_request_does_not_wait_for_a_huge_one() {
+        let p = policy(&[(256, 4)], Order::Sorted);
+        let mut pool = Pool::default();
+        pool.add(1, vec![50; 100], Order::Sorted);
+        let first = pool.next_batch(&p).unwrap();
+        assert!(first.items.iter().all(|&(j, _)| j == 1));
+        pool.add(2, vec![200], Order::Sorted);
+        let second = pool.next_batch(&p).unwrap();
+        assert!(second.items.contains(&(2, 0)), "the newcomer is served next: {second:?}");
+    }
+
+    #[test]
+    fn the_token_budget_caps_a_batch_but_one_sequence_always_fits() {
+        let mut p = policy(&[(256, 32)], Order::Sorted);
+        p.max_batch_tokens = 64;
+        let mut pool = Pool::default();
+        pool.add(1, vec![16, 16, 16, 16, 16, 200], Order::Sorted);
+        let batches = drain(&mut pool, &p);
+        assert_eq!(batches[0].items.len(), 4, "4 x 16 tokens fill the budget");
+        assert_eq!(batches.last().unwrap().items, vec![(1, 5)]);
+        assert_eq!(batches.last().unwrap().seq, 200);
+    }
+
+    #[test]
+    fn arrival_order_pads_to_the_longest() {
+        let p = policy(&[(256, 3)], Order::Arrival);
+        let mut pool = Pool::default();
+        pool.add(1, vec![5, 90, 7, 6], Order::Arrival);
+        let batches = drain(&mut pool, &p);
+        assert_eq!(batches[0].items, vec![(1, 0), (1, 1), (1, 2)]);
+        assert_eq!(batches[0].seq, 90);
+        assert_eq!((batches[1].items.clone(), batches[1].seq), (vec![(1, 3)], 6));
+    }
+}

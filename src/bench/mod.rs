@@ -1,0 +1,245 @@
+//! `eeane bench`: throughput of one model, measured four ways in one run, so
+//! that the ratios between them are meaningful:
+//! 1. the engine in-process, one job holding the whole corpus (sorted batches);
+//! 2. the server over HTTP, bulk requests (`batch` texts, `clients` clients);
+//! 3. the server over HTTP, one text per request, `parallel` at once (Open WebUI's pattern);
+//! 4. the engine in-process with arrival-order batches padded to their longest,
+//!    the baseline that sorting and buckets are measured against.
+
+mod corpus;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::config::{BatchOrder, Config, LoadPolicy, ModelConfig};
+use crate::http::{router, AppState};
+use crate::model::{Inputs, LoadedModel};
+use crate::serving::Service;
+
+pub use corpus::corpus;
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub model: Option<String>,
+    pub texts: usize,
+    pub seed: u64,
+    pub batch: usize,
+    pub clients: usize,
+    pub parallel: usize,
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Phase {
+    pub name: &'static str,
+    pub texts_per_s: f64,
+    pub tokens_per_s: f64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    /// Share of computed tokens that were padding.
+    pub padding: f64,
+    pub engine_batches: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub model: String,
+    pub engine: String,
+    pub texts: usize,
+    pub tokens: usize,
+    pub mean_tokens: f64,
+    pub phases: Vec<Phase>,
+    pub server_bulk_over_engine: f64,
+    pub one_per_request_over_bulk: f64,
+    pub sorted_over_pad_to_longest: f64,
+}
+
+fn progress(label: &str, total: usize) -> ProgressBar {
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(ProgressStyle::with_template("{prefix:>34} [{bar:30}] {pos}/{len} texts {per_sec}").unwrap().progress_chars("=> "));
+    bar.set_prefix(label.to_string());
+    bar
+}
+
+fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    (!sorted.is_empty()).then(|| sorted[((sorted.len() - 1) as f64 * p).round() as usize])
+}
+
+/// Engine statistics between two snapshots: (batches, padding share).
+fn engine_delta(before: (u64, u64, u64), after: (u64, u64, u64)) -> (u64, f64) {
+    let (batches, padded, real) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+    (batches, if padded == 0 { 0.0 } else { 1.0 - real as f64 / padded as f64 })
+}
+
+fn snapshot(model: &LoadedModel) -> (u64, u64, u64) {
+    let s = model.stats();
+    (s.batches.load(Ordering::Relaxed), s.padded_tokens.load(Ordering::Relaxed), s.real_tokens.load(Ordering::Relaxed))
+}
+
+/// Phases 1 and 4: the whole corpus as one job to a model loaded in-process.
+async fn in_process(label: &'static str, name: &'static str, config: &ModelConfig, server: &Config, texts: &[String]) -> Result<(Phase, usize), String> {
+    let model = LoadedModel::load(config, server).await.map_err(|e| e.to_string())?;
+    model.embed(Arc::new(Inputs::Texts(texts[..texts.len().min(64)].to_vec())), None).await.map_err(|e| e.to_string())?;
+    let bar = progress(label, texts.len());
+    let before = snapshot(&model);
+    let rows_before = model.stats().rows.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let job = model.embed(Arc::new(Inputs::Texts(texts.to_vec())), None);
+    tokio::pin!(job);
+    let result = loop {
+        tokio::select! {
+            r = &mut job => break r.map_err(|e| e.to_string())?,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => bar.set_position(model.stats().rows.load(Ordering::Relaxed) - rows_before),
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let (engine_batches, padding) = engine_delta(before, snapshot(&model));
+    let phase = Phase {
+        name,
+        texts_per_s: texts.len() as f64 / seconds,
+        tokens_per_s: result.tokens as f64 / seconds,
+        p50_ms: None,
+        p99_ms: None,
+        padding,
+        engine_batches,
+    };
+    Ok((phase, result.tokens))
+}
+
+/// Phases 2 and 3: `clients` tasks send `per_request` texts per request until the corpus is done.
+async fn over_http(label: &'static str, name: &'static str, url: &str, model: &str, texts: &Arc<Vec<String>>, per_request: usize, clients: usize, service: &Service, tokens: usize) -> Result<Phase, String> {
+    let chunks: Arc<Vec<Vec<String>>> = Arc::new(texts.chunks(per_request).map(<[String]>::to_vec).collect());
+    let next = Arc::new(AtomicUsize::new(0));
+    let bar = progress(label, texts.len());
+    let client = reqwest::Client::new();
+    let slot_model = service.live().registry.find(Some(model)).and_then(|s| match s.state() {
+        crate::registry::SlotState::Loaded(m) => Some(m),
+        _ => None,
+    });
+    let before = slot_model.as_deref().map(snapshot);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (chunks, next, client, bar) = (chunks.clone(), next.clone(), client.clone(), bar.clone());
+            let (url, model) = (format!("{url}/v1/embeddings"), model.to_string());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(chunk) = chunks.get(i) else { break };
+                    let sent = Instant::now();
+                    let body = json!({"input": chunk, "model": model, "encoding_format": "base64"});
+                    let response = client.post(&url).json(&body).send().await.map_err(|e| e.to_string())?;
+                    if !response.status().is_success() {
+                        return Err(format!("HTTP {}: {}", response.status(), response.text().await.unwrap_or_default()));
+                    }
+                    response.bytes().await.map_err(|e| e.to_string())?;
+                    latencies.push(sent.elapsed().as_secs_f64() * 1e3);
+                    bar.inc(chunk.len() as u64);
+                }
+                Ok::<_, String>(latencies)
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.map_err(|e| e.to_string())??);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    latencies.sort_by(f64::total_cmp);
+    let (engine_batches, padding) = match (slot_model.as_deref(), before) {
+        (Some(m), Some(b)) => engine_delta(b, snapshot(m)),
+        _ => (0, 0.0),
+    };
+    Ok(Phase {
+        name,
+        texts_per_s: texts.len() as f64 / seconds,
+        tokens_per_s: tokens as f64 / seconds,
+        p50_ms: percentile(&latencies, 0.50),
+        p99_ms: percentile(&latencies, 0.99),
+        padding,
+        engine_batches,
+    })
+}
+
+pub async fn run(mut config: Config, options: BenchOptions) -> Result<Report, String> {
+    let model = match &options.model {
+        Some(name) => config.models.iter().find(|m| m.names().any(|n| n == name)).ok_or_else(|| format!("no model {name:?} in the config"))?,
+        None => config.models.iter().find(|m| m.policy(&config.server) != LoadPolicy::Disabled).ok_or("no servable model")?,
+    }
+    .clone();
+    let texts = Arc::new(corpus(options.texts, options.seed));
+    eprintln!("eeane bench: model {}, {} texts (seed {}), batches of {}", model.id, texts.len(), options.seed, options.batch);
+
+    let sorted = ModelConfig { max_batch: options.batch, ..model.clone() };
+    let (engine, tokens) = in_process("1 engine in-process, sorted", "engine in-process (sorted, bucketed)", &sorted, &config, &texts).await?;
+    let arrival = ModelConfig { batch_order: BatchOrder::Arrival, buckets: Vec::new(), max_batch: options.batch, ..model.clone() };
+    let (padded, _) = in_process("4 engine in-process, arrival order", "engine in-process (arrival order, pad to longest)", &arrival, &config, &texts).await?;
+
+    // The server, in this process, serving only this model; coalescing off so
+    // that repeated corpus texts are not answered for free.
+    config.models = vec![ModelConfig { load_policy: Some(LoadPolicy::Resident), max_batch: options.batch, ..model.clone() }];
+    config.server.coalesce_requests = false;
+    config.server.api_key = None;
+    let service = Arc::new(Service::new(config, None, Default::default()));
+    service.preflight().await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let url = format!("http://{}", listener.local_addr().map_err(|e| e.to_string())?);
+    let app = router(AppState { service: service.clone() }).into_make_service_with_connect_info::<SocketAddr>();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let warm = Arc::new(texts[..texts.len().min(64)].to_vec());
+    over_http("warm-up", "warm-up", &url, &model.id, &warm, 8, 2, &service, 0).await?;
+    let bulk = over_http("2 server, bulk", "server over HTTP, bulk", &url, &model.id, &texts, options.batch, options.clients, &service, tokens).await?;
+    let single = over_http("3 server, one text per request", "server over HTTP, one text per request", &url, &model.id, &texts, 1, options.parallel, &service, tokens).await?;
+    server.abort();
+
+    let report = Report {
+        model: model.id.clone(),
+        engine: model.engine.clone(),
+        texts: texts.len(),
+        tokens,
+        mean_tokens: tokens as f64 / texts.len() as f64,
+        server_bulk_over_engine: bulk.texts_per_s / engine.texts_per_s,
+        one_per_request_over_bulk: single.texts_per_s / bulk.texts_per_s,
+        sorted_over_pad_to_longest: engine.texts_per_s / padded.texts_per_s,
+        phases: vec![engine, bulk, single, padded],
+    };
+    if let Some(path) = &options.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report).expect("report serializes")).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(report)
+}
+
+/// The report as a Markdown table, as the README shows it.
+pub fn table(report: &Report, options: &BenchOptions) -> String {
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    let mut out = format!(
+        "model {} on {}, {} texts, {} tokens (mean {:.1})\n\n| # | phase | texts/s | tokens/s | p50 ms | p99 ms | padding | engine batches |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        report.model, report.engine, report.texts, report.tokens, report.mean_tokens
+    );
+    for (number, phase) in [1, 2, 3, 4].iter().zip(&report.phases) {
+        let name = match number {
+            2 => format!("{} ({} texts/request, {} clients)", phase.name, options.batch, options.clients),
+            3 => format!("{} ({} in parallel)", phase.name, options.parallel),
+            _ => phase.name.to_string(),
+        };
+        out += &format!(
+            "| {number} | {name} | {:.1} | {:.0} | {} | {} | {:.1} % | {} |\n",
+            phase.texts_per_s, phase.tokens_per_s, ms(phase.p50_ms), ms(phase.p99_ms), phase.padding * 100.0, phase.engine_batches
+        );
+    }
+    out += &format!(
+        "\n(2)/(1) server bulk / engine: {:.2}\n(3)/(2) one text per request / bulk: {:.2}\n(1)/(4) sorted + bucketed / pad-to-longest: {:.2}\n",
+        report.server_bulk_over_engine, report.one_per_request_over_bulk, report.sorted_over_pad_to_longest
+    );
+    out
+}

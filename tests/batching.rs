@@ -1,0 +1,107 @@
+//! Cross-request batching over HTTP: vectors do not depend on which batch a
+//! text lands in, every request gets its vectors in input order, and a huge
+//! request does not hold up small ones.
+
+mod common;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{as_f64, cosine, fixture_texts, Server};
+use serde_json::json;
+
+#[test]
+fn concurrent_requests_share_batches_and_keep_their_order_and_vectors() {
+    let server = Server::start(None, &[]);
+    let texts = fixture_texts();
+    // One text per request, one at a time: the vectors every batch must reproduce.
+    let single: Vec<Vec<f32>> = texts.iter().map(|t| server.embed(json!(t), json!({})).remove(0)).collect();
+    let batches_before = server.model_health("all-minilm-l6-v2")["engine_calls"]["batches"].as_u64().unwrap();
+    let handles: Vec<_> = (0..16)
+        .map(|c| {
+            let url = server.url.clone();
+            // Each client a different rotation and subset of the texts.
+            let order: Vec<usize> = (0..texts.len()).map(|i| (i * 7 + c * 5) % texts.len()).take(8 + c).collect();
+            let input: Vec<String> = order.iter().map(|&i| texts[i].clone()).collect();
+            thread::spawn(move || {
+                let client = reqwest::blocking::Client::new();
+                let mut answers = Vec::new();
+                for _ in 0..3 {
+                    let r = client.post(format!("{url}/v1/embeddings")).body(json!({"input": input}).to_string()).send().unwrap();
+                    assert_eq!(r.status().as_u16(), 200);
+                    answers.push(common::vectors(&r.json().unwrap()));
+                }
+                (order, answers)
+            })
+        })
+        .collect();
+    let mut requests = 0;
+    let mut worst = 1.0f64;
+    for handle in handles {
+        let (order, answers) = handle.join().unwrap();
+        for vectors in answers {
+            requests += 1;
+            assert_eq!(vectors.len(), order.len());
+            for (v, &i) in vectors.iter().zip(&order) {
+                let c = cosine(v, &as_f64(&single[i]));
+                assert!(c >= 0.99999, "text {i}: cosine {c} between its batched and single vectors (order kept?)");
+                worst = worst.min(c);
+            }
+        }
+    }
+    let health = server.model_health("all-minilm-l6-v2");
+    let batches = health["engine_calls"]["batches"].as_u64().unwrap() - batches_before;
+    println!("{requests} concurrent requests ran in {batches} engine batches; min cosine to single-request vectors {worst:.8}");
+    assert!(batches < requests, "requests were batched together: {batches} batches for {requests} requests");
+}
+
+#[test]
+fn small_requests_complete_while_a_huge_one_runs() {
+    let server = Server::start(None, &[]);
+    let texts = fixture_texts();
+    let huge: Vec<String> = (0..2048).map(|i| format!("{} {i}", texts[i % texts.len()])).collect();
+    let expected_first = server.embed(json!(huge[0].clone()), json!({})).remove(0);
+    let url = server.url.clone();
+    let big = thread::spawn(move || {
+        let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(600)).build().unwrap();
+        let r = client.post(format!("{url}/v1/embeddings")).body(json!({"input": huge}).to_string()).send().unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        (Instant::now(), common::vectors(&r.json().unwrap()))
+    });
+    server.wait_for_health("the huge request", Duration::from_secs(60), |h| h["models"][0]["in_flight"].as_u64() >= Some(1));
+    let mut small_done = Vec::new();
+    for i in 0..5 {
+        let started = Instant::now();
+        let v = server.embed(json!([format!("small request {i}"), "fn main() {}"]), json!({}));
+        assert_eq!(v.len(), 2);
+        small_done.push((Instant::now(), started.elapsed()));
+    }
+    let (big_done, vectors) = big.join().unwrap();
+    assert_eq!(vectors.len(), 2048);
+    assert!(cosine(&vectors[0], &as_f64(&expected_first)) >= 0.99999);
+    let slowest = small_done.iter().map(|(_, d)| *d).max().unwrap();
+    println!("small requests during a 2048-text request: slowest {:.0} ms", slowest.as_secs_f64() * 1e3);
+    assert!(small_done.iter().all(|(done, _)| *done < big_done), "every small request finished before the huge one");
+}
+
+#[test]
+fn eeane_bench_runs_all_four_phases_and_writes_json() {
+    common::minilm_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let json_path = dir.path().join("bench.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_eeane"))
+        .args(["bench", "--texts", "96", "--clients", "2", "--parallel", "4", "--json"])
+        .arg(&json_path)
+        .current_dir(dir.path())
+        .env("XDG_CONFIG_HOME", dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("(2)/(1)") && stdout.contains("(1)/(4)"), "{stdout}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json_path).unwrap()).unwrap();
+    assert_eq!(report["texts"], 96);
+    let phases = report["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 4);
+    assert!(phases.iter().all(|p| p["texts_per_s"].as_f64().unwrap() > 0.0));
+}
