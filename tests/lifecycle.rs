@@ -141,6 +141,19 @@ fn max_loaded_models_evicts_the_longest_idle_on_demand_model_never_a_resident_on
 }
 
 #[test]
+fn max_loaded_models_1_swaps_on_demand_models_in_order() {
+    let config = format!("[server]\nmax_loaded_models = 1\nkeep_alive = -1\n{}{}", model_entry("a", INT8, ""), model_entry("b", FP32, ""));
+    let server = Server::start(Some(&config), &[]);
+    let a = server.embed(json!("x"), json!({"model": "a"}));
+    assert_eq!((state(&server, "a").as_str(), state(&server, "b").as_str()), ("loaded", "unloaded"));
+    server.embed(json!("x"), json!({"model": "b"}));
+    assert_eq!((state(&server, "a").as_str(), state(&server, "b").as_str()), ("unloaded", "loaded"));
+    assert_eq!(server.embed(json!("x"), json!({"model": "a"})), a, "a reloaded gives the same vectors");
+    assert_eq!((state(&server, "a").as_str(), state(&server, "b").as_str()), ("loaded", "unloaded"));
+    assert_eq!((counter(&server, "a", "loads"), counter(&server, "b", "unloads")), (2, 1));
+}
+
+#[test]
 fn resident_entries_beyond_the_cap_are_rejected_at_start_up() {
     let config = format!(
         "[server]\nmax_loaded_models = 1\n{}{}",
