@@ -3,6 +3,7 @@
 //! missing or wrong library fails only the models that use it.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, TokenBatch};
@@ -39,6 +40,8 @@ fn open_runtime(library: &Path) -> Result<Runtime, String> {
     }
     let builder = ort::init_from(library).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", library.display()))?;
     let env = builder.with_name("eeane").build().map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
+    warm_up(&env).map_err(|e| format!("ONNX Runtime from {} cannot run a graph: {e}", library.display()))?;
+    page_out_library(library);
     // The wheel's library is named libonnxruntime.so.X.Y.Z; a link to it names no version.
     let version = std::fs::canonicalize(library)
         .ok()
@@ -51,6 +54,23 @@ fn open_runtime(library: &Path) -> Result<Runtime, String> {
 /// missing or wrong library shows at start-up rather than at the first request.
 pub fn open(library: &Path) -> Result<String, EngineError> {
     runtime(library).map(|(_, version)| version.clone())
+}
+
+/// Sessions alive in this process; when the last one goes, the library's code
+/// pages are handed back too.
+static LIVE_SESSIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// A 4x4 MatMul and a Softmax (made by make_warmup_onnx.py).
+const WARMUP_GRAPH: &[u8] = include_bytes!("warmup.onnx");
+
+/// Runs a tiny graph once, so that the runtime's one-time state (operator
+/// schemas, kernel registries) is built and checked when the runtime opens, not
+/// left behind by the first model's unload.
+fn warm_up(env: &Environment) -> Result<(), ort::Error> {
+    let mut session = Session::builder(env)?.commit_from_memory(WARMUP_GRAPH)?;
+    let x = Tensor::from_array(([1usize, 4], vec![1.0f32; 4]))?;
+    session.run(ort::inputs!["x" => x])?;
+    Ok(())
 }
 
 pub struct OnnxRuntimeEngine {
@@ -127,6 +147,7 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         runtime_version: Some(version.clone()),
     };
     let output_name = output.name().to_string();
+    LIVE_SESSIONS.fetch_add(1, Ordering::AcqRel);
     Ok(Box::new(OnnxRuntimeEngine { session, info, output_name }))
 }
 
@@ -163,4 +184,42 @@ impl Engine for OnnxRuntimeEngine {
             _ => Err(EngineError::Inference(format!("unexpected output shape {dims:?} for a batch of {}x{}", batch.batch, batch.seq))),
         }
     }
+}
+
+impl Drop for OnnxRuntimeEngine {
+    fn drop(&mut self) {
+        if LIVE_SESSIONS.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some((library, _)) = RUNTIME.get() {
+                page_out_library(library);
+            }
+        }
+    }
+}
+
+/// With no model on ONNX Runtime left, asks the kernel to drop the library's
+/// read-only pages (about 29 MiB of code that inference paged in) from this
+/// process's resident set. They are clean file pages: the next load faults
+/// them back from the page cache.
+fn page_out_library(library: &Path) {
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(target) = std::fs::canonicalize(library) else { return };
+        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return };
+        for line in maps.lines() {
+            let mut fields = line.split_whitespace();
+            let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+            if perms.contains('w') || fields.nth(3).map(Path::new) != Some(target.as_path()) {
+                continue;
+            }
+            let Some((start, end)) = range.split_once('-') else { continue };
+            let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16)) else { continue };
+            // SAFETY: a read-only file mapping of this process; MADV_PAGEOUT only
+            // reclaims pages, which fault back in unchanged. Errors (old kernels) are harmless.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = library;
 }
