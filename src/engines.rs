@@ -20,12 +20,12 @@ pub fn loader(name: &str) -> Option<EngineLoader> {
 }
 
 /// Opens the runtime library an engine needs, ahead of any model load; its version.
-pub fn open_runtime(name: &str, config: &crate::config::Config) -> Result<String, String> {
+pub fn open_runtime(name: &str, library: &std::path::Path) -> Result<String, String> {
     match name {
         #[cfg(feature = "onnxruntime")]
-        "onnxruntime" => eeane_backend_onnxruntime::open(&config.runtimes.onnxruntime.path()).map_err(|e| e.to_string()),
+        "onnxruntime" => eeane_backend_onnxruntime::open(library).map_err(|e| e.to_string()),
         _ => {
-            let _ = config;
+            let _ = library;
             Err(format!("engine {name:?} is not compiled into this build"))
         }
     }

@@ -65,7 +65,7 @@ impl LoadedModel {
             .ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
         let spec = EngineSpec {
             model_path: config.model.path(),
-            runtime_library: Some(server.runtimes.onnxruntime.path()),
+            runtime_library: Some(runtime_library(server)),
             device: config.device.clone(),
             threads: config.threads,
             output: config.output.clone(),
@@ -120,7 +120,12 @@ pub fn check_files(config: &ModelConfig, server: &Config) -> Result<(), String> 
         return Err(format!("model file {} does not exist", model.display()));
     }
     TextTokenizer::from_file(&config.tokenizer.path(), config.max_tokens).map_err(|e| e.to_string())?;
-    crate::engines::open_runtime(&config.engine, server).map(drop)
+    crate::engines::open_runtime(&config.engine, &runtime_library(server)).map(drop)
+}
+
+/// The runtime library a model's engine opens (ONNX Runtime's, the only one so far).
+fn runtime_library(server: &Config) -> std::path::PathBuf {
+    server.runtimes.onnxruntime.path()
 }
 
 /// The batcher's policy from a model's config: its buckets, or one bucket of
