@@ -204,6 +204,10 @@ async fn shutdown_signal() {
 /// keeps freed memory of its own; with engine, tokenizer and HTTP threads that
 /// left tens of MiB behind after an unload. Two arenas keep that small.
 fn limit_malloc_arenas() {
+    // An operator's own glibc tuning wins.
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+        return;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: called first thing in main, before any other thread exists.
     unsafe {

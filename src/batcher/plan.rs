@@ -122,11 +122,6 @@ impl Pool {
         self.jobs.values().all(|j| j.remaining.is_empty())
     }
 
-    /// Jobs that still have sequences waiting.
-    pub fn waiting_jobs(&self) -> impl Iterator<Item = u64> + '_ {
-        self.jobs.iter().filter(|(_, j)| !j.remaining.is_empty()).map(|(&id, _)| id)
-    }
-
     pub fn next_batch(&mut self, policy: &BatchPolicy) -> Option<Planned> {
         let planned = match policy.order {
             Order::Sorted => self.next_sorted(policy)?,
