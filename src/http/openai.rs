@@ -15,6 +15,7 @@ use super::AppState;
 use crate::model::Inputs;
 use crate::pooling::truncate_dimensions;
 use crate::registry::{KeepAlive, SlotState};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Deserialize)]
@@ -182,7 +183,10 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
         }
         error
     })?;
-    let width = result.vectors.first().map_or(0, Vec::len);
+    // The vectors are shared only when the request was coalesced; otherwise take them.
+    let tokens = result.tokens;
+    let vectors = Arc::try_unwrap(result).map_or_else(|shared| shared.vectors.clone(), |own| own.vectors);
+    let width = vectors.first().map_or(0, Vec::len);
     if let Some(dims) = request.dimensions {
         if dims == 0 || dims > width {
             return Err(ApiError::invalid_request("invalid_dimensions", format!("dimensions must be between 1 and {width} for this model"))
@@ -190,12 +194,10 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
         }
     }
     let format = request.encoding_format.unwrap_or_default();
-    let data = result
-        .vectors
-        .iter()
+    let data = vectors
+        .into_iter()
         .enumerate()
-        .map(|(index, v)| {
-            let mut v = v.clone();
+        .map(|(index, mut v)| {
             if let Some(dims) = request.dimensions {
                 truncate_dimensions(&mut v, dims);
             }
@@ -213,7 +215,7 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
         object: "list",
         data,
         model: slot.config.id.clone(),
-        usage: Usage { prompt_tokens: result.tokens, total_tokens: result.tokens },
+        usage: Usage { prompt_tokens: tokens, total_tokens: tokens },
     };
     Ok(Json(response))
 }
