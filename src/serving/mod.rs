@@ -126,8 +126,9 @@ impl Service {
         slot.counters.requests.fetch_add(1, Ordering::Relaxed);
         let inputs = Arc::new(inputs);
         let work = || async {
-            slot.counters.inferences.fetch_add(1, Ordering::Relaxed);
             let mut lease = live.registry.acquire(slot, &live.config, deadline).await?;
+            // Counted once the model is there: a failed load runs no inference.
+            slot.counters.inferences.fetch_add(1, Ordering::Relaxed);
             if let Some(keep_alive) = keep_alive {
                 lease.set_keep_alive(keep_alive);
             }
