@@ -2,7 +2,9 @@
 
 The graph takes input_ids, attention_mask, token_type_ids (int64 [B, S]) and
 returns last_hidden_state [B, S, H]; pooling stays outside, in eeane's shared
-code. `numpy_forward` is an independent float64 implementation of the same
+code. With `token_types=False` there is no token_type_ids input (type 0 is
+added as a constant); with `pooled=True` the graph ends in mask-mean pooling
+and L2 normalization and returns sentence_embedding [B, H], ready to use. `numpy_forward` is an independent float64 implementation of the same
 network, used to check the graph before it is published.
 """
 import math
@@ -18,7 +20,7 @@ def _prefix(weights):
     return "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
 
 
-def build_graph(weights, cfg):
+def build_graph(weights, cfg, token_types=True, pooled=False):
     p = _prefix(weights)
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
@@ -44,7 +46,7 @@ def build_graph(weights, cfg):
     def node(op, inputs, **attrs):
         counter[0] += 1
         out = f"{op.lower()}_{counter[0]}"
-        nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
         return out
 
     def layer_norm(x, prefix):
@@ -60,7 +62,10 @@ def build_graph(weights, cfg):
         node("Gather", [weight("embeddings.word_embeddings.weight"), "input_ids"]),
         node("Gather", [weight("embeddings.position_embeddings.weight"), positions]),
     ])
-    x = node("Add", [x, node("Gather", [weight("embeddings.token_type_embeddings.weight"), "token_type_ids"])])
+    if token_types:
+        x = node("Add", [x, node("Gather", [weight("embeddings.token_type_embeddings.weight"), "token_type_ids"])])
+    else:
+        x = node("Add", [x, const("token_type_0", weights[p + "embeddings.token_type_embeddings.weight"][0].astype(np.float32))])
     x = layer_norm(x, "embeddings.LayerNorm")
 
     # Additive attention bias [B, 1, 1, S]: 0 where attended, float32 min where masked
@@ -91,15 +96,23 @@ def build_graph(weights, cfg):
         gelu = node("Mul", [node("Mul", [h, half]), node("Add", [node("Erf", [node("Div", [h, sqrt2])]), one])])
         x = layer_norm(node("Add", [linear(gelu, lp + ".output.dense"), x]), lp + ".output.LayerNorm")
 
-    nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
+    if pooled:
+        # Mask-mean over real tokens, then L2: sum(x * m) / sum(m), x / max(|x|, 1e-12).
+        weights_m = node("Unsqueeze", [mask_f, const("axes_2", np.array([2], np.int64))])
+        summed = node("ReduceSum", [node("Mul", [x, weights_m]), "one_i64_axes"], keepdims=0)
+        const("one_i64_axes", np.array([1], np.int64))
+        count = node("Max", [node("ReduceSum", [weights_m, "one_i64_axes"], keepdims=0), const("tiny_count", np.array(1e-9, np.float32))])
+        mean = node("Div", [summed, count])
+        norm = node("Max", [node("ReduceL2", [mean], axes=[-1], keepdims=1),
+                            const("tiny_norm", np.array(1e-12, np.float32))])
+        nodes.append(helper.make_node("Div", [mean, norm], ["sentence_embedding"]))
+        output = helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", hidden])
+    else:
+        nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
+        output = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])
     int_input = lambda name: helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
-    graph = helper.make_graph(
-        nodes,
-        "bert_encoder",
-        [int_input("input_ids"), int_input("attention_mask"), int_input("token_type_ids")],
-        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])],
-        initializer=inits,
-    )
+    inputs = [int_input("input_ids"), int_input("attention_mask")] + ([int_input("token_type_ids")] if token_types else [])
+    graph = helper.make_graph(nodes, "bert_encoder", inputs, [output], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
     model.ir_version = 8
     onnx.checker.check_model(model)
