@@ -97,6 +97,35 @@ pub enum Pooling {
     None,
 }
 
+/// How a SentencePiece vocabulary is numbered (ignored for tokenizer.json).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenIds {
+    /// The `.model` file's own ids (code-daemon: pad=0 unk=1 bos=2 eos=3).
+    #[default]
+    Raw,
+    /// XLM-R's HF convention: <s>=0 <pad>=1 </s>=2 <unk>=3, pieces shifted by one.
+    Fairseq,
+}
+
+/// What happens to an input longer than the model takes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LongText {
+    /// Keep the first max_tokens tokens.
+    #[default]
+    Truncate,
+    /// Embed overlapping windows and average their vectors.
+    Window,
+}
+
+fn default_window() -> usize {
+    128
+}
+fn default_stride() -> usize {
+    96
+}
+
 fn yes() -> bool {
     true
 }
@@ -145,6 +174,18 @@ pub struct ModelConfig {
     pub normalize: bool,
     /// Longest input in tokens, special tokens included; longer inputs are truncated.
     pub max_tokens: usize,
+    /// Numbering of a SentencePiece tokenizer's ids: raw | fairseq.
+    #[serde(default)]
+    pub tokenizer_ids: TokenIds,
+    /// truncate | window: longer inputs become overlapping windows whose vectors are averaged.
+    #[serde(default)]
+    pub long_text: LongText,
+    /// Tokens per window, special tokens included (long_text = "window").
+    #[serde(default = "default_window")]
+    pub window: usize,
+    /// Content tokens between the starts of two windows (long_text = "window").
+    #[serde(default = "default_stride")]
+    pub stride: usize,
     #[serde(default = "cpu")]
     pub device: String,
     /// Engine compute threads; 0 lets the runtime choose.
@@ -346,6 +387,14 @@ impl Config {
             }
             if m.buckets.iter().any(|b| b.max_tokens > m.max_tokens) {
                 return invalid(key("buckets"), format!("a bucket is longer than max_tokens = {}", m.max_tokens));
+            }
+            if m.long_text == LongText::Window {
+                if m.window < 3 || m.window > m.max_tokens {
+                    return invalid(key("window"), format!("must be between 3 and max_tokens = {}", m.max_tokens));
+                }
+                if m.stride == 0 || m.stride > m.window - 2 {
+                    return invalid(key("stride"), format!("must be between 1 and window - 2 = {} (content tokens per window)", m.window - 2));
+                }
             }
         }
         let resident = self.models.iter().filter(|m| m.policy(&self.server) == LoadPolicy::Resident).count();

@@ -9,14 +9,8 @@ use eeane_backend_core::{EngineError, EngineSpec};
 use crate::batcher::{BatchPolicy, Bucket, EngineWorker, Order, Pipeline, WorkerError};
 use crate::config::BatchOrder;
 use crate::config::{Config, ModelConfig};
+pub use crate::tokenize::Inputs;
 use crate::tokenize::{Encoded, TextTokenizer, TokenizeError};
-
-/// What a request asks to embed.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Inputs {
-    Texts(Vec<String>),
-    TokenIds(Vec<Vec<i64>>),
-}
 
 pub struct Embeddings {
     pub vectors: Vec<Vec<f32>>,
@@ -58,8 +52,8 @@ impl LoadedModel {
     pub async fn load(config: &ModelConfig, server: &Config) -> Result<Self, ModelError> {
         let started = Instant::now();
         let tokenizer = {
-            let (path, max) = (config.tokenizer.path(), config.max_tokens);
-            tokio::task::spawn_blocking(move || TextTokenizer::from_file(&path, max)).await.expect("tokenizer load panicked")?
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || TextTokenizer::from_config(&config)).await.expect("tokenizer load panicked")?
         };
         let loader = crate::engines::loader(&config.engine)
             .ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
@@ -79,7 +73,7 @@ impl LoadedModel {
         let pipeline = Pipeline { pooling: config.pooling, normalize: config.normalize, policy: batch_policy(config), pad_id: tokenizer.pad_id() };
         let worker = EngineWorker::start(&config.id, loader, spec, pipeline).await?;
         let tokenizer = Arc::new(tokenizer);
-        let warm = tokenizer.encode_texts(&["eeane".to_string()])?;
+        let warm = vec![tokenizer.encode_truncated("eeane")?];
         let dimensions = worker.embed(warm, None).await?[0].len();
         Ok(Self { config: config.clone(), tokenizer, worker, dimensions, load_ms: started.elapsed().as_millis() as u64 })
     }
@@ -97,17 +91,24 @@ impl LoadedModel {
     }
 
     /// Embeds `inputs`; `deadline` bounds the wait before inference starts.
+    /// An input split into windows gets the mean of its windows' vectors,
+    /// renormalized when the model normalizes.
     pub async fn embed(&self, inputs: Arc<Inputs>, deadline: Option<Instant>) -> Result<Embeddings, ModelError> {
         let tokenizer = self.tokenizer.clone();
         // Tokenizing thousands of texts takes milliseconds: keep it off the async workers.
-        let seqs: Vec<Encoded> = tokio::task::spawn_blocking(move || match &*inputs {
-            Inputs::Texts(texts) => tokenizer.encode_texts(texts),
-            Inputs::TokenIds(ids) => tokenizer.encode_ids(ids),
-        })
-        .await
-        .expect("tokenizer panicked")?;
+        let groups: Vec<Vec<Encoded>> =
+            tokio::task::spawn_blocking(move || tokenizer.encode(&inputs)).await.expect("tokenizer panicked")?;
+        let counts: Vec<usize> = groups.iter().map(Vec::len).collect();
+        let seqs: Vec<Encoded> = groups.into_iter().flatten().collect();
         let tokens = seqs.iter().map(|s| s.ids.len()).sum();
-        let vectors = self.worker.embed(seqs, deadline).await?;
+        let mut vectors = self.worker.embed(seqs, deadline).await?.into_iter();
+        let vectors = counts
+            .into_iter()
+            .map(|n| {
+                let window_vectors: Vec<Vec<f32>> = vectors.by_ref().take(n).collect();
+                crate::pooling::combine_windows(window_vectors, self.config.normalize)
+            })
+            .collect();
         Ok(Embeddings { vectors, tokens })
     }
 }
@@ -119,7 +120,7 @@ pub fn check_files(config: &ModelConfig, server: &Config) -> Result<(), String> 
     if !model.exists() {
         return Err(format!("model file {} does not exist", model.display()));
     }
-    TextTokenizer::from_file(&config.tokenizer.path(), config.max_tokens).map_err(|e| e.to_string())?;
+    TextTokenizer::from_config(config).map_err(|e| e.to_string())?;
     crate::engines::open_runtime(&config.engine, &runtime_library(server)).map(drop)
 }
 

@@ -28,6 +28,24 @@ pub fn normalize(v: &mut [f32]) {
     }
 }
 
+/// One vector from an input's window vectors: their mean, renormalized when
+/// the model normalizes (a single window is returned as it is).
+pub fn combine_windows(mut windows: Vec<Vec<f32>>, renormalize: bool) -> Vec<f32> {
+    if windows.len() == 1 {
+        return windows.pop().expect("one window");
+    }
+    let dim = windows.first().map_or(0, Vec::len);
+    let mut sum = vec![0f64; dim];
+    for w in &windows {
+        sum.iter_mut().zip(w).for_each(|(s, &v)| *s += v as f64);
+    }
+    let mut mean: Vec<f32> = sum.into_iter().map(|s| (s / windows.len() as f64) as f32).collect();
+    if renormalize {
+        normalize(&mut mean);
+    }
+    mean
+}
+
 /// OpenAI's `dimensions`: keep the first `dims` values and renormalize.
 pub fn truncate_dimensions(v: &mut Vec<f32>, dims: usize) {
     v.truncate(dims);
@@ -43,6 +61,14 @@ mod tests {
         let states = [1.0, 2.0, 3.0, 4.0, 100.0, 100.0];
         assert_eq!(pool(&states, 2, 2, Pooling::Mean), vec![2.0, 3.0]);
         assert_eq!(pool(&states, 2, 2, Pooling::Cls), vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn windows_average_then_renormalize() {
+        assert_eq!(combine_windows(vec![vec![0.6, 0.8]], true), vec![0.6, 0.8]);
+        let v = combine_windows(vec![vec![1.0, 0.0], vec![0.0, 1.0]], true);
+        assert!((v[0] - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-6 && (v[1] - v[0]).abs() < 1e-7);
+        assert_eq!(combine_windows(vec![vec![1.0, 0.0], vec![0.0, 1.0]], false), vec![0.5, 0.5]);
     }
 
     #[test]

@@ -209,22 +209,33 @@ pub struct Reference {
     pub token_counts: Vec<usize>,
 }
 
-/// Vectors from tests/reference/embed.py (onnxruntime + tokenizers in Python).
-pub fn reference(texts: &[String], max_tokens: usize) -> Reference {
+/// Runs a script of tests/reference with the venv's Python, `request` on stdin, JSON back.
+pub fn run_reference(script: &str, request: &Value) -> Value {
     let python = std::env::var_os("EEANE_PYTHON").map(PathBuf::from).unwrap_or_else(|| cache_dir().join("venv/bin/python"));
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/embed.py");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference").join(script);
     let mut child = Command::new(&python)
-        .arg(script)
+        .arg(&script)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {}: {e} (run `bash tests/run.sh`)", python.display()));
-    let request = json!({"model_dir": minilm_dir(), "max_tokens": max_tokens, "texts": texts});
-    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let body = request.to_string();
+    // Write from a thread: a large answer must be read while the request is still going in.
+    let writer = std::thread::spawn(move || stdin.write_all(body.as_bytes()));
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "reference script failed");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let f64s = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect::<Vec<_>>();
+    writer.join().unwrap().unwrap();
+    assert!(out.status.success(), "{} failed", script.display());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+pub fn f64s(v: &Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// Vectors from tests/reference/embed.py (onnxruntime + tokenizers in Python).
+pub fn reference(texts: &[String], max_tokens: usize) -> Reference {
+    let v = run_reference("embed.py", &json!({"model_dir": minilm_dir(), "max_tokens": max_tokens, "texts": texts}));
     Reference {
         vectors: v["vectors"].as_array().unwrap().iter().map(f64s).collect(),
         content_ids: v["content_ids"].as_array().unwrap().iter().map(|ids| f64s(ids).into_iter().map(|x| x as i64).collect()).collect(),
@@ -254,4 +265,11 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with(field)).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The SentencePiece model directory prepared by `models/prepare.py e5-small-enpt`.
+pub fn e5_dir(name: &str) -> PathBuf {
+    let dir = cache_dir().join("models").join(name);
+    assert!(dir.join("model.onnx").exists(), "{} is missing: run `bash tests/run.sh` first", dir.display());
+    dir
 }

@@ -1,0 +1,209 @@
+//! Shared tokenization: text or caller-supplied token ids become the exact
+//! sequences the model sees, special tokens, truncation and long-text windows
+//! included. Engines never tokenize.
+
+mod hf;
+mod sentencepiece;
+
+use std::ops::Range;
+use std::path::Path;
+
+use crate::config::{LongText, ModelConfig, TokenIds};
+
+/// What a request asks to embed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Inputs {
+    Texts(Vec<String>),
+    /// Content token ids in the model's own vocabulary (its special tokens are added).
+    TokenIds(Vec<Vec<i64>>),
+}
+
+/// One sequence ready for an engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoded {
+    pub ids: Vec<i64>,
+    pub type_ids: Vec<i64>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TokenizeError {
+    #[error("token id {id} (input {input}, position {position}) is outside the model's vocabulary (0..{vocab_size})")]
+    OutOfVocabulary { input: usize, position: usize, id: i64, vocab_size: usize },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}
+
+enum Backend {
+    Hf(hf::HfTokenizer),
+    SentencePiece(sentencepiece::SpTokenizer),
+}
+
+/// How inputs longer than the model's window become sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// Keep the first `max_tokens` tokens (special tokens included).
+    Truncate { max_tokens: usize },
+    /// Windows of `window` tokens (special tokens included) whose content starts
+    /// `stride` content tokens apart; the last window reaches the input's end.
+    Window { window: usize, stride: usize },
+}
+
+impl Split {
+    pub fn of(config: &ModelConfig) -> Self {
+        match config.long_text {
+            LongText::Truncate => Split::Truncate { max_tokens: config.max_tokens },
+            LongText::Window => Split::Window { window: config.window, stride: config.stride },
+        }
+    }
+}
+
+pub struct TextTokenizer {
+    backend: Backend,
+    split: Split,
+}
+
+impl TextTokenizer {
+    /// A `.model` file is SentencePiece (its ids numbered by `ids`); anything
+    /// else is read as a Hugging Face `tokenizer.json`.
+    pub fn load(path: &Path, ids: TokenIds, split: Split) -> Result<Self, TokenizeError> {
+        let backend = if path.extension().is_some_and(|e| e == "model") {
+            Backend::SentencePiece(sentencepiece::SpTokenizer::from_file(path, ids)?)
+        } else {
+            Backend::Hf(hf::HfTokenizer::from_file(path)?)
+        };
+        let tokenizer = Self { backend, split };
+        let specials = tokenizer.specials();
+        let (length, stride) = match split {
+            Split::Truncate { max_tokens } => (max_tokens, 1),
+            Split::Window { window, stride } => (window, stride),
+        };
+        if length <= specials || stride == 0 || stride > length - specials {
+            return Err(TokenizeError::Tokenizer(format!(
+                "{}: {length} tokens leave {} for content after {specials} special tokens, stride {stride}: \
+                 need at least one content token and 1 <= stride <= the content per window",
+                path.display(),
+                length.saturating_sub(specials)
+            )));
+        }
+        Ok(tokenizer)
+    }
+
+    pub fn from_config(config: &ModelConfig) -> Result<Self, TokenizeError> {
+        Self::load(&config.tokenizer.path(), config.tokenizer_ids, Split::of(config))
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match &self.backend {
+            Backend::Hf(t) => t.vocab_size(),
+            Backend::SentencePiece(t) => t.vocab_size(),
+        }
+    }
+
+    pub fn pad_id(&self) -> i64 {
+        match &self.backend {
+            Backend::Hf(t) => t.pad_id(),
+            Backend::SentencePiece(t) => t.pad_id(),
+        }
+    }
+
+    fn specials(&self) -> usize {
+        match &self.backend {
+            Backend::Hf(t) => t.specials(),
+            Backend::SentencePiece(t) => t.specials(),
+        }
+    }
+
+    fn content(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        match &self.backend {
+            Backend::Hf(t) => t.content(text),
+            Backend::SentencePiece(t) => t.content(text),
+        }
+    }
+
+    fn check_id(&self, id: i64) -> Option<u32> {
+        match &self.backend {
+            Backend::Hf(t) => t.check_id(id),
+            Backend::SentencePiece(t) => t.check_id(id),
+        }
+    }
+
+    fn wrap(&self, content: &[u32]) -> Result<Encoded, TokenizeError> {
+        match &self.backend {
+            Backend::Hf(t) => t.wrap(content),
+            Backend::SentencePiece(t) => Ok(t.wrap(content)),
+        }
+    }
+
+    /// The sequences for each input, in order: one per input when truncating,
+    /// one per window otherwise. Token ids are validated against the vocabulary.
+    pub fn encode(&self, inputs: &Inputs) -> Result<Vec<Vec<Encoded>>, TokenizeError> {
+        match inputs {
+            Inputs::Texts(texts) => texts.iter().map(|t| self.split(&self.content(t)?)).collect(),
+            Inputs::TokenIds(all) => all
+                .iter()
+                .enumerate()
+                .map(|(input, ids)| {
+                    let content = ids
+                        .iter()
+                        .enumerate()
+                        .map(|(position, &id)| {
+                            self.check_id(id)
+                                .ok_or(TokenizeError::OutOfVocabulary { input, position, id, vocab_size: self.vocab_size() })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    self.split(&content)
+                })
+                .collect(),
+        }
+    }
+
+    /// One sequence per input, truncated whatever the model's long-text mode
+    /// (for warm-up and checks).
+    pub fn encode_truncated(&self, text: &str) -> Result<Encoded, TokenizeError> {
+        let content = self.content(text)?;
+        let max = match self.split {
+            Split::Truncate { max_tokens } => max_tokens,
+            Split::Window { window, .. } => window,
+        };
+        self.wrap(&content[..content.len().min(max - self.specials())])
+    }
+
+    fn split(&self, content: &[u32]) -> Result<Vec<Encoded>, TokenizeError> {
+        let specials = self.specials();
+        match self.split {
+            Split::Truncate { max_tokens } => Ok(vec![self.wrap(&content[..content.len().min(max_tokens - specials)])?]),
+            Split::Window { window, stride } => {
+                window_ranges(content.len(), window - specials, stride).into_iter().map(|r| self.wrap(&content[r])).collect()
+            }
+        }
+    }
+}
+
+/// Content ranges of `per` tokens starting `stride` apart, the last one
+/// reaching `n`; an empty input is one empty window.
+pub fn window_ranges(n: usize, per: usize, stride: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::with_capacity(n.saturating_sub(per) / stride + 1);
+    let mut start = 0;
+    loop {
+        let end = (start + per).min(n);
+        out.push(start..end);
+        if end >= n {
+            return out;
+        }
+        start += stride;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_ranges;
+
+    #[test]
+    fn windows_cover_the_input_with_the_given_stride() {
+        assert_eq!(window_ranges(0, 126, 96), vec![0..0]);
+        assert_eq!(window_ranges(126, 126, 96), vec![0..126]);
+        assert_eq!(window_ranges(127, 126, 96), vec![0..126, 96..127]);
+        assert_eq!(window_ranges(300, 126, 96), vec![0..126, 96..222, 192..300]);
+        assert_eq!(window_ranges(5, 2, 2), vec![0..2, 2..4, 4..5]);
+    }
+}
