@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what eeane needs on a fresh machine, idempotently and fast the second time:
 # a Python venv for model preparation (pinned in requirements.txt), the ONNX Runtime
-# library from its PyPI wheel, and the default model converted to ONNX.
+# library from its PyPI wheel, the default model converted to ONNX, and cmake for
+# the build. EEANE_EXTRA_MODELS names more models to prepare (models/prepare.py).
 # Everything lands in the cache directory ($EEANE_CACHE_DIR, else ~/.cache/eeane).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -9,10 +10,22 @@ cache=${EEANE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/eeane}
 venv=$cache/venv
 mkdir -p "$cache"
 
+# Debian packages, installed only when missing (root, or sudo when there is one).
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get install -y -qq "$@" >/dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq "$@" >/dev/null; }
+}
+
 python=${PYTHON:-python3}
 if ! "$python" -c 'import venv, ensurepip' 2>/dev/null; then
   echo "setup: $python lacks venv/ensurepip; installing Debian's python3-venv" >&2
-  apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+  apt_install python3-venv
+fi
+# The sentencepiece crate compiles the SentencePiece library with cmake.
+if ! command -v cmake >/dev/null; then
+  echo "setup: installing Debian's cmake (the sentencepiece crate builds its library with it)" >&2
+  apt_install cmake
 fi
 
 stamp=$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)

@@ -68,6 +68,9 @@ fn broken_files_exit_2_with_a_message_naming_the_key() {
         (model.replace("max_tokens = 128\n", ""), "max_tokens"),
         (format!("{model}{}", model.replace("id = \"m\"", "id = \"n\"\naliases = [\"m\"]")), "models[1].aliases"),
         ("models = []\n".to_string(), "models"),
+        (format!("{model}long_text = \"window\"\nwindow = 256\n"), "models[0].window"),
+        (format!("{model}long_text = \"window\"\nstride = 127\n"), "models[0].stride"),
+        (format!("{model}tokenizer_ids = \"hf\"\n"), "tokenizer_ids"),
     ];
     for (config, key) in cases {
         let out = check_config(&config, &[]);
