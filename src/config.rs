@@ -76,6 +76,18 @@ pub enum LoadPolicy {
 pub struct RuntimesConfig {
     /// Path of libonnxruntime.so, opened when the first onnxruntime model loads.
     pub onnxruntime: ConfigPath,
+    /// Path of OpenVINO's libopenvino_c.so, opened when the first openvino model loads.
+    pub openvino: ConfigPath,
+}
+
+impl RuntimesConfig {
+    /// The runtime library an engine opens.
+    pub fn library(&self, engine: &str) -> PathBuf {
+        match engine {
+            "openvino" => self.openvino.path(),
+            _ => self.onnxruntime.path(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -124,6 +136,20 @@ fn default_window() -> usize {
 }
 fn default_stride() -> usize {
     96
+}
+
+/// A device name or a list of them, kept as one comma-separated string.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => s,
+        OneOrMany::Many(v) => v.join(","),
+    })
 }
 
 fn yes() -> bool {
@@ -186,7 +212,9 @@ pub struct ModelConfig {
     /// Content tokens between the starts of two windows (long_text = "window").
     #[serde(default = "default_stride")]
     pub stride: usize,
-    #[serde(default = "cpu")]
+    /// Device, or devices in order of preference: "cpu" for onnxruntime;
+    /// "CPU", "GPU", "NPU" or a list of them for openvino.
+    #[serde(default = "cpu", deserialize_with = "one_or_many")]
     pub device: String,
     /// Engine compute threads; 0 lets the runtime choose.
     #[serde(default)]
@@ -342,6 +370,7 @@ impl Config {
         let cache = self.cache_dir();
         self.server.cache_dir = cache.to_string_lossy().into_owned();
         self.runtimes.onnxruntime.resolve(&cache);
+        self.runtimes.openvino.resolve(&cache);
         for m in &mut self.models {
             m.model.resolve(&cache);
             m.tokenizer.resolve(&cache);

@@ -5,6 +5,8 @@ use eeane_backend_core::EngineLoader;
 pub const NAMES: &[&str] = &[
     #[cfg(feature = "onnxruntime")]
     "onnxruntime",
+    #[cfg(feature = "openvino")]
+    "openvino",
 ];
 
 pub fn known(name: &str) -> bool {
@@ -15,6 +17,8 @@ pub fn loader(name: &str) -> Option<EngineLoader> {
     match name {
         #[cfg(feature = "onnxruntime")]
         "onnxruntime" => Some(eeane_backend_onnxruntime::load),
+        #[cfg(feature = "openvino")]
+        "openvino" => Some(eeane_backend_openvino::load),
         _ => None,
     }
 }
@@ -24,6 +28,8 @@ pub fn open_runtime(name: &str, library: &std::path::Path) -> Result<String, Str
     match name {
         #[cfg(feature = "onnxruntime")]
         "onnxruntime" => eeane_backend_onnxruntime::open(library).map_err(|e| e.to_string()),
+        #[cfg(feature = "openvino")]
+        "openvino" => eeane_backend_openvino::open(library).map_err(|e| e.to_string()),
         _ => {
             let _ = library;
             Err(format!("engine {name:?} is not compiled into this build"))

@@ -57,20 +57,22 @@ impl LoadedModel {
         };
         let loader = crate::engines::loader(&config.engine)
             .ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
+        let policy = batch_policy(config);
+        let mut options: std::collections::BTreeMap<String, String> =
+            config.precision.iter().map(|p| ("precision".to_string(), p.clone())).collect();
+        options.insert("spin".into(), config.spin.to_string());
+        // OpenVINO's compile cache: a reload after a keep-alive unload skips compiling.
+        options.insert("cache_dir".into(), server.cache_dir().join("compiled").join(&config.engine).to_string_lossy().into_owned());
         let spec = EngineSpec {
             model_path: config.model.path(),
-            runtime_library: Some(runtime_library(server)),
+            runtime_library: Some(server.runtimes.library(&config.engine)),
             device: config.device.clone(),
             threads: config.threads,
             output: config.output.clone(),
-            options: config
-                .precision
-                .iter()
-                .map(|p| ("precision".to_string(), p.clone()))
-                .chain([("spin".to_string(), config.spin.to_string())])
-                .collect(),
+            options,
+            shapes: policy.buckets.iter().map(|b| (b.max_batch, b.max_tokens)).collect(),
         };
-        let pipeline = Pipeline { pooling: config.pooling, normalize: config.normalize, policy: batch_policy(config), pad_id: tokenizer.pad_id() };
+        let pipeline = Pipeline { pooling: config.pooling, normalize: config.normalize, policy, pad_id: tokenizer.pad_id() };
         let worker = EngineWorker::start(&config.id, loader, spec, pipeline).await?;
         let tokenizer = Arc::new(tokenizer);
         let warm = vec![tokenizer.encode_truncated("eeane")?];
@@ -121,20 +123,21 @@ pub fn check_files(config: &ModelConfig, server: &Config) -> Result<(), String> 
         return Err(format!("model file {} does not exist", model.display()));
     }
     TextTokenizer::from_config(config).map_err(|e| e.to_string())?;
-    crate::engines::open_runtime(&config.engine, &runtime_library(server)).map(drop)
+    crate::engines::open_runtime(&config.engine, &server.runtimes.library(&config.engine)).map(drop)
 }
 
-/// The runtime library a model's engine opens (ONNX Runtime's, the only one so far).
-fn runtime_library(server: &Config) -> std::path::PathBuf {
-    server.runtimes.onnxruntime.path()
-}
-
-/// The batcher's policy from a model's config: its buckets, or one bucket of
-/// `max_tokens` x `max_batch`.
+/// The batcher's policy from a model's config: its buckets, closed by one of
+/// the longest sequence the model can see (`max_tokens`, or `window` for a
+/// windowed model) x `max_batch` when they stop short of it.
 pub fn batch_policy(config: &ModelConfig) -> BatchPolicy {
-    let mut buckets: Vec<Bucket> = config.buckets.iter().map(|b| Bucket { max_tokens: b.max_tokens, max_batch: b.max_batch }).collect();
-    if buckets.last().is_none_or(|b| b.max_tokens < config.max_tokens) {
-        buckets.push(Bucket { max_tokens: config.max_tokens, max_batch: config.max_batch });
+    let longest = match config.long_text {
+        crate::config::LongText::Truncate => config.max_tokens,
+        crate::config::LongText::Window => config.window,
+    };
+    let mut buckets: Vec<Bucket> =
+        config.buckets.iter().filter(|b| b.max_tokens <= longest).map(|b| Bucket { max_tokens: b.max_tokens, max_batch: b.max_batch }).collect();
+    if buckets.last().is_none_or(|b| b.max_tokens < longest) {
+        buckets.push(Bucket { max_tokens: longest, max_batch: config.max_batch });
     }
     BatchPolicy {
         buckets,

@@ -102,6 +102,9 @@ pub struct EngineSpec {
     pub output: Option<String>,
     /// Engine-specific settings, passed through untouched.
     pub options: BTreeMap<String, String>,
+    /// The model's length buckets as `(batch, seq)`, ascending: engines that
+    /// compile static shapes compile these; dynamic engines ignore them.
+    pub shapes: Vec<(usize, usize)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

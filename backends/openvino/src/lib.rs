@@ -1,0 +1,224 @@
+//! OpenVINO engine: the model (ONNX or IR) is reshaped and compiled once per
+//! static `(batch, seq)` shape, one per length bucket, and each batch runs on
+//! the smallest compiled shape that holds it (rows beyond the batch repeat its
+//! first row and are dropped from the output).
+//!
+//! The C library comes from the PyPI `openvino` wheel, whose files carry only
+//! versioned names, so it is opened by explicit path.
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, TokenBatch};
+use openvino::{Core, DeviceType, ElementType, InferRequest, PartialShape, RwPropertyKey, Shape, Tensor};
+
+static RUNTIME: OnceLock<Result<String, String>> = OnceLock::new();
+
+/// Opens the OpenVINO C library once per process and returns its version.
+/// The first path wins: OpenVINO cannot be loaded twice.
+pub fn open(path: &Path) -> Result<String, EngineError> {
+    RUNTIME
+        .get_or_init(|| {
+            if !path.is_file() {
+                return Err(format!(
+                    "OpenVINO library {} not found (run models/setup.sh with EEANE_EXTRA_MODELS=openvino, or set runtimes.openvino)",
+                    path.display()
+                ));
+            }
+            // Through any symlink: the library finds its siblings by $ORIGIN, the real directory.
+            let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            openvino_sys::library::load_from(&real).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            Ok(openvino::version().build_number)
+        })
+        .clone()
+        .map_err(EngineError::Runtime)
+}
+
+/// The devices asked for ("CPU", "GPU", "NPU", "GPU.1", comma-separated in
+/// order of preference) that this machine has, and those it lacks.
+fn pick_devices(core: &Core, asked: &str) -> Result<(Vec<String>, Vec<String>), EngineError> {
+    let available: Vec<String> = core
+        .available_devices()
+        .map_err(|e| EngineError::Device(format!("cannot list OpenVINO devices: {e}")))?
+        .iter()
+        .map(|d| d.as_ref().to_string())
+        .collect();
+    let (mut present, mut missing) = (Vec::new(), Vec::new());
+    for want in asked.split(',').map(|d| d.trim().to_uppercase()).filter(|d| !d.is_empty()) {
+        // "GPU" matches "GPU" or the first "GPU.n".
+        match available.iter().find(|a| **a == want || a.split('.').next() == Some(want.as_str())) {
+            Some(found) => present.push(found.clone()),
+            None => missing.push(want),
+        }
+    }
+    if present.is_empty() {
+        return Err(EngineError::Device(format!(
+            "none of the devices asked for ({asked}) is present; this machine has: {}",
+            available.join(", ")
+        )));
+    }
+    Ok((present, missing))
+}
+
+struct Compiled {
+    batch: usize,
+    seq: usize,
+    request: InferRequest,
+}
+
+pub struct OpenVinoEngine {
+    info: EngineInfo,
+    compiled: Vec<Compiled>,
+    output: String,
+    inputs: Vec<String>,
+    // Dropped last: the compiled models belong to it.
+    _core: Core,
+}
+
+fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> EngineError {
+    move |e| EngineError::Model(format!("{what}: {e}"))
+}
+
+/// Loads the model and compiles one static shape per entry of `spec.shapes`.
+/// Options: `precision` = f32 | bf16 | f16 | int8 (the inference precision
+/// hint; int8 graphs keep their Q/DQ scales and run the rest in f32),
+/// `cache_dir` (OpenVINO's compile cache).
+pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+    let library = spec.runtime_library.as_deref().ok_or_else(|| EngineError::Runtime("no OpenVINO library configured".into()))?;
+    let version = open(library)?;
+    let mut core = Core::new().map_err(|e| EngineError::Runtime(format!("OpenVINO core: {e}")))?;
+    let (present, missing) = pick_devices(&core, &spec.device)?;
+    let device = present[0].clone();
+    let device_type = DeviceType::Other(device.clone().into());
+
+    // The model's own precision unless the config says otherwise: on CPUs with
+    // AVX512-BF16 OpenVINO would otherwise run an fp32 graph in bf16.
+    let precision = spec.options.get("precision").map(String::as_str).unwrap_or("f32").to_lowercase();
+    let hint = match precision.as_str() {
+        "f32" | "fp32" | "int8" => "f32",
+        "bf16" => "bf16",
+        "f16" | "fp16" => "f16",
+        other => return Err(EngineError::Model(format!("precision {other:?}: use f32, bf16, f16 or int8"))),
+    };
+    let set = |core: &mut Core, key: RwPropertyKey, value: &str| {
+        core.set_property(&device_type, &key, value)
+            .map_err(|e| EngineError::Device(format!("{device}: cannot set {}={value}: {e}", key.as_ref())))
+    };
+    set(&mut core, RwPropertyKey::HintInferencePrecision, hint)?;
+    set(&mut core, RwPropertyKey::HintPerformanceMode, "LATENCY")?;
+    if spec.threads > 0 {
+        set(&mut core, RwPropertyKey::InferenceNumThreads, &spec.threads.to_string())?;
+    }
+    if let Some(dir) = spec.options.get("cache_dir").filter(|d| !d.is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| EngineError::Runtime(format!("cache_dir {dir}: {e}")))?;
+        set(&mut core, RwPropertyKey::CacheDir, dir)?;
+    }
+
+    let path = &spec.model_path;
+    if !path.is_file() {
+        return Err(EngineError::Model(format!("{} does not exist", path.display())));
+    }
+    let weights = match path.extension().and_then(|e| e.to_str()) {
+        Some("xml") => path.with_extension("bin").to_string_lossy().into_owned(),
+        _ => String::new(),
+    };
+    let mut model = core
+        .read_model_from_file(&path.to_string_lossy(), &weights)
+        .map_err(|e| EngineError::Model(format!("OpenVINO cannot read {}: {e}", path.display())))?;
+    let inputs: Vec<String> = (0..model.get_inputs_len().map_err(err("inputs"))?)
+        .map(|i| model.get_input_by_index(i).and_then(|n| n.get_name()).map_err(err("input name")))
+        .collect::<Result<_, _>>()?;
+    for name in &inputs {
+        if !matches!(name.as_str(), "input_ids" | "attention_mask" | "token_type_ids") {
+            return Err(EngineError::Model(format!("unexpected input {name:?}: eeane feeds input_ids, attention_mask, token_type_ids")));
+        }
+    }
+    let output = match &spec.output {
+        Some(name) => name.clone(),
+        None => model.get_output_by_index(0).and_then(|n| n.get_name()).map_err(err("output name"))?,
+    };
+    if spec.shapes.is_empty() {
+        return Err(EngineError::Model("OpenVINO compiles static shapes: the model needs at least one bucket".into()));
+    }
+
+    let started = Instant::now();
+    let mut compiled = Vec::with_capacity(spec.shapes.len());
+    for &(batch, seq) in &spec.shapes {
+        let shape = PartialShape::new_static(2, &[batch as i64, seq as i64]).map_err(err("shape"))?;
+        let shapes: Vec<(&str, &PartialShape)> = inputs.iter().map(|n| (n.as_str(), &shape)).collect();
+        model.reshape(&shapes).map_err(|e| EngineError::Model(format!("reshape to {batch}x{seq}: {e}")))?;
+        let mut compiled_model = core
+            .compile_model(&model, DeviceType::Other(device.clone().into()))
+            .map_err(|e| EngineError::Device(format!("compile {batch}x{seq} on {device}: {e}")))?;
+        let request = compiled_model.create_infer_request().map_err(err("infer request"))?;
+        compiled.push(Compiled { batch, seq, request });
+    }
+    tracing::info!(device, shapes = spec.shapes.len(), compile_ms = started.elapsed().as_millis() as u64, "openvino: compiled");
+    compiled.sort_by_key(|c| (c.seq, c.batch));
+
+    let mut shown = device.clone();
+    if !missing.is_empty() {
+        shown.push_str(&format!(" (missing: {})", missing.join(", ")));
+    }
+    let info = EngineInfo {
+        engine: "openvino".into(),
+        device: shown,
+        precision,
+        shapes: InputShapes::Fixed(spec.shapes.clone()),
+        takes_token_type_ids: inputs.iter().any(|n| n == "token_type_ids"),
+        seq_multiple: 1,
+        accelerated_layers: None,
+        runtime_version: Some(version),
+    };
+    Ok(Box::new(OpenVinoEngine { info, compiled, output, inputs, _core: core }))
+}
+
+fn tensor(values: &[i64], batch: usize, seq: usize) -> Result<Tensor, EngineError> {
+    let shape = Shape::new(&[batch as i64, seq as i64]).map_err(|e| EngineError::Inference(e.to_string()))?;
+    let mut t = Tensor::new(ElementType::I64, &shape).map_err(|e| EngineError::Inference(e.to_string()))?;
+    t.get_data_mut::<i64>().map_err(|e| EngineError::Inference(e.to_string()))?.copy_from_slice(values);
+    Ok(t)
+}
+
+impl Engine for OpenVinoEngine {
+    fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    fn run(&mut self, batch: &TokenBatch) -> Result<EngineOutput, EngineError> {
+        let target = self
+            .compiled
+            .iter_mut()
+            .find(|c| c.seq == batch.seq && c.batch >= batch.batch)
+            .ok_or_else(|| EngineError::Input(format!("no compiled shape holds {} x {}", batch.batch, batch.seq)))?;
+        let (rows, seq) = (target.batch, target.seq);
+        // Spare rows repeat the first row, so that no row is all padding.
+        let fill = |values: &[i64]| -> Vec<i64> {
+            let mut out = values.to_vec();
+            while out.len() < rows * seq {
+                out.extend_from_slice(&values[..seq]);
+            }
+            out
+        };
+        for name in &self.inputs {
+            let values = match name.as_str() {
+                "input_ids" => fill(&batch.input_ids),
+                "attention_mask" => fill(&batch.attention_mask),
+                _ => fill(batch.token_type_ids.as_deref().unwrap_or(&vec![0; batch.batch * seq])),
+            };
+            target.request.set_tensor(name, &tensor(&values, rows, seq)?).map_err(|e| EngineError::Inference(format!("{name}: {e}")))?;
+        }
+        target.request.infer().map_err(|e| EngineError::Inference(e.to_string()))?;
+        let out = target.request.get_tensor(&self.output).map_err(|e| EngineError::Inference(format!("output {}: {e}", self.output)))?;
+        let dims: Vec<usize> = out.get_shape().map_err(|e| EngineError::Inference(e.to_string()))?.get_dimensions().iter().map(|&d| d as usize).collect();
+        let data = out.get_data::<f32>().map_err(|e| EngineError::Inference(e.to_string()))?;
+        match dims[..] {
+            [b, d] if b == rows => Ok(EngineOutput::Pooled { data: data[..batch.batch * d].to_vec(), batch: batch.batch, dim: d }),
+            [b, s, d] if b == rows && s == seq => {
+                Ok(EngineOutput::Hidden { data: data[..batch.batch * s * d].to_vec(), batch: batch.batch, seq: s, dim: d })
+            }
+            _ => Err(EngineError::Model(format!("output {} has shape {dims:?}; expected [batch, dim] or [batch, seq, dim]", self.output))),
+        }
+    }
+}
