@@ -463,6 +463,66 @@ def prepare_e5_small_enpt_int8(cache):
     print(f"e5-small-enpt-int8: ready in {out}")
 
 
+def prepare_openvino_ir(cache, source):
+    """OpenVINO IR (model.xml/.bin) of a prepared ONNX model, its quantized
+    weights compressed to int8 (`compress_quantize_weights_transformation`), one
+    IR with dynamic shapes that eeane reshapes and compiles per bucket. Checked
+    against ONNX Runtime on the same ONNX file, each text alone, in f32."""
+    import statistics
+
+    import numpy as np
+    import onnxruntime as ort
+    import openvino as ov
+    from openvino._offline_transformations import compress_quantize_weights_transformation
+
+    name = f"{source}-ov"
+    out = cache / "models" / name
+    if manifest_is_current(out):
+        print(f"{name}: up to date in {out}")
+        return
+    src = cache / "models" / source
+    if not manifest_is_current(src):
+        TARGETS[source](cache)
+    out.mkdir(parents=True, exist_ok=True)
+    model = ov.convert_model(str(src / "model.onnx"))
+    compress_quantize_weights_transformation(model)
+    ov.save_model(model, str(out / "model.xml"), compress_to_fp16=False)
+    shutil.copy2(src / "sentencepiece.model", out / "sentencepiece.model")
+
+    core = ov.Core()
+    compiled = core.compile_model(str(out / "model.xml"), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    sess = ort.InferenceSession(str(src / "model.onnx"), providers=["CPUExecutionProvider"])
+    texts = [t["text"] if isinstance(t, dict) else t for t in json.loads((HERE.parent / "tests" / "fixtures" / "texts.json").read_text())]
+    # An INT8 graph is also held against the fp32 model it was quantized from.
+    fp32_of = json.loads((src / "manifest.json").read_text())["source"].get("quantized_from")
+    fp32 = fp32_of and ort.InferenceSession(str(cache / "models" / fp32_of / "model.onnx"), providers=["CPUExecutionProvider"])
+    cosines, to_fp32 = [], []
+    for seq in spm_sequences(out / "sentencepiece.model", texts, E5_MAX_TOKENS):
+        feed = padded([seq])
+        a = sess.run(None, feed)[0][0]
+        b = compiled(feed)[0][0]
+        cosines.append(cosine(a, b))
+        if fp32:
+            to_fp32.append(cosine(fp32.run(None, feed)[0][0], b))
+    quantized = sum(op.get_type_name() == "FakeQuantize" for op in model.get_ops())
+    size = (out / "model.bin").stat().st_size / 1e6
+    print(f"{name}: IR {size:.0f} MB ({quantized} FakeQuantize ops); OpenVINO CPU f32 vs ONNX Runtime over {len(texts)} texts: "
+          f"min cosine {min(cosines):.6f}, median {statistics.median(cosines):.6f}")
+    if to_fp32:
+        print(f"{name}: OpenVINO INT8 vs the fp32 ONNX ({fp32_of}) on ONNX Runtime: min cosine {min(to_fp32):.4f}, "
+              f"median {statistics.median(to_fp32):.4f}")
+    # INT8 kernels differ between runtimes (OpenVINO runs the FakeQuantize'd
+    # MatMuls in int8, ONNX Runtime may not): the same file, so a looser floor.
+    floor = 0.98 if quantized else 0.9999
+    if min(cosines) < floor:
+        raise SystemExit(f"{name}: OpenVINO's output drifts from ONNX Runtime's (min cosine below {floor}); not publishing it")
+    write_manifest(out, {"converted_from": source, "openvino": ov.__version__},
+                   {"fake_quantize_ops": quantized, "ir_megabytes": round(size, 1),
+                    "min_cosine_vs_onnxruntime": min(cosines), "median_cosine_vs_onnxruntime": statistics.median(cosines),
+                    **({"min_cosine_vs_fp32": min(to_fp32), "median_cosine_vs_fp32": statistics.median(to_fp32)} if to_fp32 else {})})
+    print(f"{name}: ready in {out}")
+
+
 TARGETS = {
     "onnxruntime": prepare_onnxruntime,
     "openvino": prepare_openvino,
@@ -470,6 +530,8 @@ TARGETS = {
     "all-minilm-l6-v2-int8": prepare_all_minilm_l6_v2_int8,
     "e5-small-enpt": prepare_e5_small_enpt,
     "e5-small-enpt-int8": prepare_e5_small_enpt_int8,
+    "e5-small-enpt-ov": lambda cache: prepare_openvino_ir(cache, "e5-small-enpt"),
+    "e5-small-enpt-int8-ov": lambda cache: prepare_openvino_ir(cache, "e5-small-enpt-int8"),
 }
 
 

@@ -267,9 +267,9 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// The SentencePiece model directory prepared by `models/prepare.py e5-small-enpt`.
+/// A model directory prepared by `models/prepare.py NAME` (e5-small-enpt and its twins).
 pub fn e5_dir(name: &str) -> PathBuf {
     let dir = cache_dir().join("models").join(name);
-    assert!(dir.join("model.onnx").exists(), "{} is missing: run `bash tests/run.sh` first", dir.display());
+    assert!(dir.join("manifest.json").exists(), "{} is missing: run `bash tests/run.sh` first", dir.display());
     dir
 }

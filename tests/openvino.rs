@@ -1,0 +1,131 @@
+//! The OpenVINO engine over real HTTP, against ONNX Runtime on the same files:
+//! fp32 (ONNX read directly and the prepared IR), the INT8 Q/DQ twin, a model
+//! whose pooling eeane does, device lists, and the compile cache.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{as_f64, cosine, e5_dir, fixture_texts, minilm_dir, Server};
+use serde_json::{json, Value};
+
+const BUCKETS: &str = "buckets = [{ max_tokens = 32, max_batch = 16 }, { max_tokens = 128, max_batch = 8 }]\n";
+
+fn e5_entry(id: &str, engine: &str, dir: &str, file: &str, extra: &str) -> String {
+    let dir = e5_dir(dir);
+    format!(
+        "[[models]]\nid = \"{id}\"\nengine = \"{engine}\"\nmodel = \"{}\"\ntokenizer = \"{}\"\npooling = \"none\"\nmax_tokens = 512\n\
+         long_text = \"window\"\n{BUCKETS}{extra}\n",
+        dir.join(file).display(),
+        dir.join("sentencepiece.model").display()
+    )
+}
+
+fn minilm_entry(id: &str, engine: &str) -> String {
+    let dir = minilm_dir();
+    format!(
+        "[[models]]\nid = \"{id}\"\nengine = \"{engine}\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\n\
+         buckets = [{{ max_tokens = 64, max_batch = 16 }}, {{ max_tokens = 256, max_batch = 8 }}]\n",
+        dir.join("model.onnx").display(),
+        dir.join("tokenizer.json").display()
+    )
+}
+
+fn embed(server: &Server, model: &str, texts: &[String]) -> Vec<Vec<f32>> {
+    let (status, response) = server.post("/v1/embeddings", &json!({"model": model, "input": texts}));
+    assert_eq!(status, 200, "{model}: {response}");
+    common::vectors(&response)
+}
+
+/// Per-text cosines of `a` to `b`, sorted ascending.
+fn cosines(a: &[Vec<f32>], b: &[Vec<f32>]) -> Vec<f64> {
+    let mut c: Vec<f64> = a.iter().zip(b).map(|(x, y)| cosine(x, &as_f64(y))).collect();
+    c.sort_by(f64::total_cmp);
+    c
+}
+
+fn model_health(server: &Server, id: &str) -> Value {
+    server.model_health(id)
+}
+
+#[test]
+fn openvino_matches_onnxruntime_per_text() {
+    let texts = {
+        let mut t = fixture_texts();
+        t.push("Long inputs become windows of 128 tokens on both engines. ".repeat(20));
+        t
+    };
+    let config = [
+        e5_entry("e5-ort", "onnxruntime", "e5-small-enpt", "model.onnx", ""),
+        e5_entry("e5-ov-onnx", "openvino", "e5-small-enpt", "model.onnx", "device = \"CPU\""),
+        e5_entry("e5-ov-ir", "openvino", "e5-small-enpt-ov", "model.xml", "device = [\"GPU\", \"CPU\"]"),
+        e5_entry("e5-int8-ort", "onnxruntime", "e5-small-enpt-int8", "model.onnx", ""),
+        e5_entry("e5-int8-ov", "openvino", "e5-small-enpt-int8-ov", "model.xml", "precision = \"int8\""),
+        e5_entry("e5-ov-bf16", "openvino", "e5-small-enpt-ov", "model.xml", "precision = \"bf16\""),
+        e5_entry("e5-npu-only", "openvino", "e5-small-enpt-ov", "model.xml", "device = [\"NPU\"]"),
+        minilm_entry("minilm-ort", "onnxruntime"),
+        minilm_entry("minilm-ov", "openvino"),
+    ]
+    .concat();
+    let server = Server::start(Some(&config), &[]);
+
+    let ort = embed(&server, "e5-ort", &texts);
+    for id in ["e5-ov-onnx", "e5-ov-ir"] {
+        let c = cosines(&embed(&server, id, &texts), &ort);
+        println!("{id} vs onnxruntime, {} texts: min cosine {:.8}, median {:.8}", texts.len(), c[0], c[c.len() / 2]);
+        // f32 for real (not OpenVINO's bf16 default on AVX512-BF16 CPUs): 1e-6, not 1e-4.
+        assert!(c[0] >= 0.999999, "{id}: min cosine {} to ONNX Runtime", c[0]);
+    }
+    let minilm = cosines(&embed(&server, "minilm-ov", &texts), &embed(&server, "minilm-ort", &texts));
+    println!("minilm-ov (token states pooled by eeane) vs onnxruntime: min cosine {:.8}", minilm[0]);
+    assert!(minilm[0] >= 0.999999, "minilm-ov: min cosine {}", minilm[0]);
+
+    let int8_ort = embed(&server, "e5-int8-ort", &texts);
+    let int8_ov = embed(&server, "e5-int8-ov", &texts);
+    let (vs_ort, vs_fp32, ort_vs_fp32) = (cosines(&int8_ov, &int8_ort), cosines(&int8_ov, &ort), cosines(&int8_ort, &ort));
+    println!(
+        "INT8 Q/DQ, {} texts: OpenVINO vs ONNX Runtime min {:.4} median {:.4}; OpenVINO INT8 vs fp32 min {:.4} median {:.4}; \
+         ONNX Runtime INT8 vs fp32 min {:.4} median {:.4}",
+        texts.len(), vs_ort[0], vs_ort[vs_ort.len() / 2], vs_fp32[0], vs_fp32[vs_fp32.len() / 2], ort_vs_fp32[0], ort_vs_fp32[ort_vs_fp32.len() / 2]
+    );
+    assert!(vs_ort[0] > 0.98 && vs_fp32[0] > 0.98, "INT8 on OpenVINO drifts: {} / {}", vs_ort[0], vs_fp32[0]);
+    let bf16 = cosines(&embed(&server, "e5-ov-bf16", &texts), &ort);
+    println!("precision = \"bf16\" vs fp32 onnxruntime: min cosine {:.6}", bf16[0]);
+
+    let health = model_health(&server, "e5-ov-ir");
+    assert_eq!(health["engine"], "openvino");
+    assert!(health["device"].as_str().unwrap().starts_with("CPU") && health["device"].as_str().unwrap().contains("missing: GPU"), "{health}");
+    assert_eq!(model_health(&server, "e5-int8-ov")["precision"], "int8");
+    let (status, response) = server.post("/v1/embeddings", &json!({"model": "e5-npu-only", "input": "x"}));
+    assert_eq!(status, 503, "{response}");
+    assert!(response["error"]["message"].as_str().unwrap().contains("NPU"), "{response}");
+    assert_eq!(embed(&server, "e5-ov-ir", &texts[..2]).len(), 2, "a failed model leaves the others serving");
+}
+
+#[test]
+fn a_reload_after_unload_compiles_from_the_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[server]\ncache_dir = \"{}\"\n[runtimes]\nopenvino = \"{}\"\nonnxruntime = \"{}\"\n{}",
+        cache.path().display(),
+        common::cache_dir().join("runtimes/openvino/libopenvino_c.so").display(),
+        common::cache_dir().join("runtimes/onnxruntime/libonnxruntime.so").display(),
+        e5_entry("e5-ov", "openvino", "e5-small-enpt-int8-ov", "model.xml", "precision = \"int8\"")
+    );
+    let server = Server::start(Some(&config), &[]);
+    let texts = vec!["hello".to_string()];
+    let first = embed(&server, "e5-ov", &texts);
+    let cold_ms = model_health(&server, "e5-ov")["load_ms"].as_u64().unwrap();
+    let compiled = cache.path().join("compiled/openvino");
+    let blobs = std::fs::read_dir(&compiled).map(|d| d.count()).unwrap_or(0);
+    assert!(blobs > 0, "nothing was written to the compile cache {}", compiled.display());
+    let (status, _) = server.post("/v1/embeddings", &json!({"model": "e5-ov", "input": "bye", "keep_alive": 0}));
+    assert_eq!(status, 200);
+    server.wait_for_health("the unload", Duration::from_secs(10), |h| {
+        h["models"].as_array().unwrap().iter().any(|m| m["id"] == "e5-ov" && m["loaded"] == false)
+    });
+    let again = embed(&server, "e5-ov", &texts);
+    let warm_ms = model_health(&server, "e5-ov")["load_ms"].as_u64().unwrap();
+    assert_eq!(first, again, "the cached compile gives the same vectors");
+    println!("openvino e5-small-enpt-int8 IR, 2 buckets: load with a cold compile cache {cold_ms} ms, reload after unload (cache warm) {warm_ms} ms; {blobs} cached blobs");
+}
