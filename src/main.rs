@@ -200,17 +200,29 @@ async fn shutdown_signal() {
     tracing::info!("shutting down: no new connections; finishing in-flight requests");
 }
 
+/// Tunes glibc's allocator so that an unloaded model's memory goes back to the OS.
+///
 /// glibc gives each busy thread its own heap arena, up to 8 per core, and each
 /// keeps freed memory of its own; with engine, tokenizer and HTTP threads that
 /// left tens of MiB behind after an unload. Two arenas keep that small.
+///
+/// glibc also raises its mmap threshold (up to 32 MiB) each time a large mmapped
+/// block is freed, so after the first unload the next model's large buffers
+/// come from the heap instead, where they fragment it: an unload then kept
+/// 7-8 MiB (25 %) for good once the process had idled and its threads changed
+/// arenas. A fixed threshold of 128 KiB (glibc's initial value) keeps every
+/// large buffer in its own mapping, returned whole on free; measured: unloads
+/// back within 1.2 %, throughput unchanged (README).
 fn limit_malloc_arenas() {
-    // An operator's own glibc tuning wins.
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
-        return;
-    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: called first thing in main, before any other thread exists.
     unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
+        // An operator's own glibc tuning wins.
+        if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+        }
     }
 }
