@@ -57,6 +57,10 @@ enum Command {
         /// Concurrent one-text requests.
         #[arg(long, default_value_t = 32)]
         parallel: usize,
+        /// Instead: each model of --model (comma-separated) on full batches of
+        /// every one of its buckets, in process, as µs/text per bucket.
+        #[arg(long)]
+        buckets: bool,
         /// Also write the report as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -85,7 +89,25 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::CheckConfig => check_config(&config),
-        Command::Bench { model, texts, seed, batch, clients, parallel, json } => {
+        Command::Bench { model, texts, seed, batch, clients, parallel, buckets: true, json } => {
+            let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+            let ids = model.unwrap_or_else(|| config.models.first().map(|m| m.id.clone()).unwrap_or_default());
+            let _ = (texts, seed, batch, clients, parallel);
+            match runtime.block_on(eeane::bench::run_buckets(config, &ids, 2.0)) {
+                Ok((figures, table)) => {
+                    print!("{table}");
+                    if let Some(path) = json {
+                        let _ = std::fs::write(&path, serde_json::to_string_pretty(&figures).expect("figures serialize"));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("eeane bench: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Bench { model, texts, seed, batch, clients, parallel, buckets: false, json } => {
             let options = BenchOptions { model, texts, seed, batch, clients, parallel, json };
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
             match runtime.block_on(eeane::bench::run(config, options.clone())) {

@@ -63,6 +63,8 @@ fn openvino_matches_onnxruntime_per_text() {
         e5_entry("e5-int8-ov", "openvino", "e5-small-enpt-int8-ov", "model.xml", "precision = \"int8\""),
         e5_entry("e5-ov-bf16", "openvino", "e5-small-enpt-ov", "model.xml", "precision = \"bf16\""),
         e5_entry("e5-npu-only", "openvino", "e5-small-enpt-ov", "model.xml", "device = [\"NPU\"]"),
+        // Two CPU workers of one thread each: two devices pulling from one pool.
+        e5_entry("e5-ov-two", "openvino", "e5-small-enpt-ov", "model.xml", "device = [\"CPU\", \"GPU\", \"CPU\"]\nthreads = 1"),
         minilm_entry("minilm-ort", "onnxruntime"),
         minilm_entry("minilm-ov", "openvino"),
     ]
@@ -91,6 +93,17 @@ fn openvino_matches_onnxruntime_per_text() {
     assert!(vs_ort[0] > 0.98 && vs_fp32[0] > 0.98, "INT8 on OpenVINO drifts: {} / {}", vs_ort[0], vs_fp32[0]);
     let bf16 = cosines(&embed(&server, "e5-ov-bf16", &texts), &ort);
     println!("precision = \"bf16\" vs fp32 onnxruntime: min cosine {:.6}", bf16[0]);
+
+    let many: Vec<String> = (0..48).map(|i| format!("{} {i}", texts[i % texts.len()])).collect();
+    let two = embed(&server, "e5-ov-two", &many);
+    let one = embed(&server, "e5-ort", &many);
+    let c = cosines(&two, &one);
+    let calls = model_health(&server, "e5-ov-two");
+    println!("two CPU workers: {} ({}), min cosine to ONNX Runtime {:.8}", calls["device"], calls["engine_calls"]["per_device"], c[0]);
+    assert!(c[0] >= 0.999999);
+    assert_eq!(calls["device"], "CPU + CPU (missing: GPU)");
+    let per_device: Vec<u64> = calls["engine_calls"]["per_device"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect();
+    assert!(per_device.len() == 2 && per_device.iter().all(|&n| n > 0), "both workers should run batches: {per_device:?}");
 
     let health = model_health(&server, "e5-ov-ir");
     assert_eq!(health["engine"], "openvino");

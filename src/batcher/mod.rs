@@ -1,7 +1,9 @@
-//! The engine worker: one thread per loaded model owns the engine, gathers the
-//! sequences of every request waiting for it, plans batches across requests
-//! (see `plan`), runs them, pools the output and hands each request its
-//! vectors in input order. Inference never runs on the async runtime.
+//! The engine worker: per loaded model, one dispatcher thread gathers the
+//! sequences of every request waiting for it and plans batches across
+//! requests (see `plan`), and one thread per device owns an engine, runs the
+//! batches it is handed and pools the output; each request gets its vectors in
+//! input order. Several devices pull from the same pool. Inference never runs
+//! on the async runtime.
 
 mod plan;
 
@@ -11,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
-use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineLoader, EngineOutput, EngineSpec, InputShapes, TokenBatch};
+use eeane_backend_core::{EngineError, EngineInfo, EngineLoader, EngineOutput, EngineSpec, InputShapes, TokenBatch};
 use tokio::sync::oneshot;
 
 pub use plan::{BatchPolicy, Bucket, Order, Planned, Pool};
@@ -51,6 +53,21 @@ struct Job {
     claim: Arc<AtomicU8>,
 }
 
+/// What the dispatcher thread waits for.
+enum Event {
+    Job(Job),
+    /// A device finished a batch: the vectors of `items`, in order.
+    Done { device: usize, items: Vec<(u64, usize)>, result: Result<Vec<Vec<f32>>, EngineError> },
+    /// The last handle went away: finish what runs, then drop the engines.
+    Shutdown,
+}
+
+/// A batch for a device thread.
+struct Work {
+    batch: TokenBatch,
+    items: Vec<(u64, usize)>,
+}
+
 /// Engine calls and their shape, for /health and `eeane bench`.
 #[derive(Debug, Default)]
 pub struct WorkerStats {
@@ -60,40 +77,109 @@ pub struct WorkerStats {
     pub padded_tokens: AtomicU64,
     /// Tokens of the sequences themselves.
     pub real_tokens: AtomicU64,
+    /// Batches per device, in the order the devices loaded.
+    pub device_batches: std::sync::Mutex<Vec<u64>>,
 }
 
-/// A handle to a running engine thread; dropping the last handle stops the
-/// thread and drops (unloads) the engine.
+/// A handle to a running model: one dispatcher thread that plans batches
+/// across requests, and one thread per device that owns an engine. Dropping
+/// the handle stops them and drops (unloads) the engines.
 pub struct EngineWorker {
-    jobs: mpsc::Sender<Job>,
+    events: mpsc::Sender<Event>,
     info: EngineInfo,
     pub stats: Arc<WorkerStats>,
 }
 
+impl Drop for EngineWorker {
+    fn drop(&mut self) {
+        let _ = self.events.send(Event::Shutdown);
+    }
+}
+
+/// A device thread: loads its engine, then runs the batches it is sent.
+struct Device {
+    work: mpsc::Sender<Work>,
+    info: EngineInfo,
+}
+
+fn start_device(name: &str, index: usize, loader: EngineLoader, spec: EngineSpec, pipeline: Pipeline, events: mpsc::Sender<Event>) -> Result<Device, EngineError> {
+    let (work, queue) = mpsc::channel::<Work>();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("engine-{name}-{index}"))
+        .spawn(move || {
+            let mut engine = match loader(&spec) {
+                Ok(engine) => engine,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(engine.info().clone()));
+            for Work { batch, items } in queue {
+                let result = catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, &pipeline)))
+                    .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
+                if events.send(Event::Done { device: index, items, result }).is_err() {
+                    break;
+                }
+            }
+            drop(engine);
+            release_freed_memory();
+        })
+        .map_err(|e| EngineError::Runtime(format!("cannot start the engine thread: {e}")))?;
+    let info = ready_rx.recv().map_err(|_| EngineError::Runtime("the engine thread died while loading".into()))??;
+    Ok(Device { work, info })
+}
+
 impl EngineWorker {
-    /// Loads the engine on a new thread and waits until it is ready.
+    /// Loads the engine on every device of `spec.device` (comma-separated, in
+    /// order of preference), each on a thread of its own, and waits until they
+    /// are ready. A device that fails with a device error is skipped and shown
+    /// in the info's device; the model fails only when no device loads.
     pub async fn start(name: &str, loader: EngineLoader, spec: EngineSpec, pipeline: Pipeline) -> Result<Self, EngineError> {
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let (events, inbox) = mpsc::channel::<Event>();
         let (ready_tx, ready_rx) = oneshot::channel();
         let stats = Arc::new(WorkerStats::default());
-        let thread_stats = stats.clone();
+        let (thread_stats, thread_events, name) = (stats.clone(), events.clone(), name.to_string());
         std::thread::Builder::new()
-            .name(format!("engine-{name}"))
+            .name(format!("batcher-{name}"))
             .spawn(move || {
-                let engine = match loader(&spec) {
-                    Ok(engine) => engine,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
+                let asked: Vec<String> = spec.device.split(',').map(|d| d.trim().to_string()).filter(|d| !d.is_empty()).collect();
+                let asked = if asked.is_empty() { vec![spec.device.clone()] } else { asked };
+                let (mut devices, mut skipped) = (Vec::new(), Vec::new());
+                for device in &asked {
+                    let spec = EngineSpec { device: device.clone(), ..spec.clone() };
+                    match start_device(&name, devices.len(), loader, spec, pipeline.clone(), thread_events.clone()) {
+                        Ok(d) => devices.push(d),
+                        Err(EngineError::Device(why)) if asked.len() > 1 => {
+                            tracing::warn!(model = %name, device, "device skipped: {why}");
+                            skipped.push(device.clone());
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
                     }
-                };
-                let _ = ready_tx.send(Ok(engine.info().clone()));
-                serve_jobs(engine, pipeline, queue, &thread_stats);
-                release_freed_memory();
+                }
+                if devices.is_empty() {
+                    let _ = ready_tx.send(Err(EngineError::Device(format!("none of the devices {} could be used", asked.join(", ")))));
+                    return;
+                }
+                drop(thread_events);
+                let mut info = devices[0].info.clone();
+                if devices.len() > 1 {
+                    info.device = devices.iter().map(|d| d.info.device.as_str()).collect::<Vec<_>>().join(" + ");
+                }
+                if !skipped.is_empty() {
+                    info.device = format!("{} (missing: {})", info.device, skipped.join(", "));
+                }
+                *thread_stats.device_batches.lock().unwrap() = vec![0; devices.len()];
+                let _ = ready_tx.send(Ok(info.clone()));
+                dispatch(&info, devices, pipeline, inbox, &thread_stats);
             })
-            .map_err(|e| EngineError::Runtime(format!("cannot start the engine thread: {e}")))?;
+            .map_err(|e| EngineError::Runtime(format!("cannot start the batcher thread: {e}")))?;
         let info = ready_rx.await.map_err(|_| EngineError::Runtime("the engine thread died while loading".into()))??;
-        Ok(Self { jobs, info, stats })
+        Ok(Self { events, info, stats })
     }
 
     pub fn info(&self) -> &EngineInfo {
@@ -101,13 +187,13 @@ impl EngineWorker {
     }
 
     /// Embeds `seqs`, returning one vector per sequence in the same order. If
-    /// the engine has not started on the job by `deadline`, gives up with
-    /// `QueueTimeout`; once it has, the job runs to the end.
+    /// no device has started on the job by `deadline`, gives up with
+    /// `QueueTimeout`; once one has, the job runs to the end.
     pub async fn embed(&self, seqs: Vec<Encoded>, deadline: Option<Instant>) -> Result<Vec<Vec<f32>>, WorkerError> {
         let stopped = || WorkerError::Engine(EngineError::Runtime("the engine thread has stopped".into()));
         let (reply, mut answer) = oneshot::channel();
         let claim = Arc::new(AtomicU8::new(QUEUED));
-        self.jobs.send(Job { seqs, reply, claim: claim.clone() }).map_err(|_| stopped())?;
+        self.events.send(Event::Job(Job { seqs, reply, claim: claim.clone() })).map_err(|_| stopped())?;
         if let Some(deadline) = deadline {
             if let Ok(result) = tokio::time::timeout_at(deadline.into(), &mut answer).await {
                 return Ok(result.map_err(|_| stopped())??);
@@ -128,34 +214,54 @@ struct Active {
     started: bool,
 }
 
-/// The worker loop: take every job that has arrived, plan one batch across
-/// them, run it, deliver finished jobs; block only when nothing is waiting.
-fn serve_jobs(mut engine: Box<dyn Engine>, mut pipeline: Pipeline, queue: mpsc::Receiver<Job>, stats: &WorkerStats) {
-    if matches!(engine.info().shapes, InputShapes::Fixed(_)) {
+/// The dispatcher loop: take every job that has arrived, and whenever a device
+/// is idle plan one batch across the waiting jobs for it (so every device pulls
+/// from the same pool); deliver each job once all its vectors are back. Blocks
+/// only when no device is idle or nothing waits.
+fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inbox: mpsc::Receiver<Event>, stats: &WorkerStats) {
+    if matches!(info.shapes, InputShapes::Fixed(_)) {
         pipeline.policy.pad_to_bucket = true;
     }
     if pipeline.policy.pad_to_multiple_of == 0 {
-        pipeline.policy.pad_to_multiple_of = engine.info().seq_multiple.max(1);
+        pipeline.policy.pad_to_multiple_of = info.seq_multiple.max(1);
     }
     let mut pool = Pool::default();
     let mut active: HashMap<u64, Active> = HashMap::new();
+    let mut idle: Vec<usize> = (0..devices.len()).rev().collect();
     let mut next_id = 0u64;
-    let mut admit = |job: Job, pool: &mut Pool, active: &mut HashMap<u64, Active>| {
-        next_id += 1;
-        let lens = job.seqs.iter().map(|s| s.ids.len()).collect();
-        pool.add(next_id, lens, pipeline.policy.order);
-        let left = job.seqs.len();
-        active.insert(next_id, Active { vectors: vec![Vec::new(); left], left, started: false, job });
-    };
+    let mut shutting_down = false;
     loop {
-        if pool.is_empty() {
-            match queue.recv() {
-                Ok(job) => admit(job, &mut pool, &mut active),
+        let event = if !shutting_down && !idle.is_empty() && !pool.is_empty() {
+            match inbox.try_recv() {
+                Ok(event) => Some(event),
+                Err(_) => None,
+            }
+        } else if shutting_down && idle.len() == devices.len() {
+            break;
+        } else {
+            match inbox.recv() {
+                Ok(event) => Some(event),
                 Err(_) => break,
             }
-        }
-        while let Ok(job) = queue.try_recv() {
-            admit(job, &mut pool, &mut active);
+        };
+        match event {
+            Some(Event::Job(job)) => {
+                next_id += 1;
+                pool.add(next_id, job.seqs.iter().map(|s| s.ids.len()).collect(), pipeline.policy.order);
+                let left = job.seqs.len();
+                active.insert(next_id, Active { vectors: vec![Vec::new(); left], left, started: false, job });
+                continue; // take every job that has arrived before planning
+            }
+            Some(Event::Done { device, items, result }) => {
+                idle.push(device);
+                deliver(&mut active, &mut pool, items, result);
+                continue;
+            }
+            Some(Event::Shutdown) => {
+                shutting_down = true;
+                continue;
+            }
+            None => {}
         }
         // Forget requests that went away, or gave up (queue_timeout) before starting.
         active.retain(|&id, a| {
@@ -165,52 +271,59 @@ fn serve_jobs(mut engine: Box<dyn Engine>, mut pipeline: Pipeline, queue: mpsc::
             }
             keep
         });
-        let Some(mut planned) = pool.next_batch(&pipeline.policy) else { continue };
-        planned.items.retain(|(id, _)| match active.get_mut(id) {
-            Some(a) if a.started => true,
-            Some(a) => {
-                a.started = a.job.claim.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire).is_ok();
-                a.started
+        while let Some(&device) = idle.last() {
+            let Some(mut planned) = pool.next_batch(&pipeline.policy) else { break };
+            planned.items.retain(|(id, _)| match active.get_mut(id) {
+                Some(a) if a.started => true,
+                Some(a) => {
+                    a.started = a.job.claim.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire).is_ok();
+                    a.started
+                }
+                None => false,
+            });
+            if planned.items.is_empty() {
+                continue;
             }
-            None => false,
-        });
-        if planned.items.is_empty() {
-            continue;
+            let batch = token_batch(&pipeline, &active, &planned, stats);
+            stats.device_batches.lock().unwrap()[device] += 1;
+            if devices[device].work.send(Work { batch, items: planned.items.clone() }).is_err() {
+                deliver(&mut active, &mut pool, planned.items, Err(EngineError::Runtime("the engine thread has stopped".into())));
+                continue;
+            }
+            idle.pop();
         }
-        let result = catch_unwind(AssertUnwindSafe(|| run_batch(&mut *engine, &pipeline, &active, &planned, stats)))
-            .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
-        match result {
-            Ok(vectors) => {
-                for (&(id, index), vector) in planned.items.iter().zip(vectors) {
-                    let a = active.get_mut(&id).expect("planned job is active");
-                    a.vectors[index] = vector;
-                    a.left -= 1;
-                    if a.left == 0 {
-                        let done = active.remove(&id).expect("active");
-                        let _ = done.job.reply.send(Ok(done.vectors));
-                    }
+    }
+    // Dropping the devices closes their queues: each thread drops its engine.
+    drop(devices);
+}
+
+/// Hands a finished batch's vectors to their jobs, and answers jobs that are complete.
+fn deliver(active: &mut HashMap<u64, Active>, pool: &mut Pool, items: Vec<(u64, usize)>, result: Result<Vec<Vec<f32>>, EngineError>) {
+    match result {
+        Ok(vectors) => {
+            for ((id, index), vector) in items.into_iter().zip(vectors) {
+                // A job that failed in another device's batch is gone already.
+                let Some(a) = active.get_mut(&id) else { continue };
+                a.vectors[index] = vector;
+                a.left -= 1;
+                if a.left == 0 {
+                    let done = active.remove(&id).expect("active");
+                    let _ = done.job.reply.send(Ok(done.vectors));
                 }
             }
-            Err(e) => {
-                for &(id, _) in &planned.items {
-                    if let Some(failed) = active.remove(&id) {
-                        pool.remove(id);
-                        let _ = failed.job.reply.send(Err(e.clone()));
-                    }
+        }
+        Err(e) => {
+            for (id, _) in items {
+                if let Some(failed) = active.remove(&id) {
+                    pool.remove(id);
+                    let _ = failed.job.reply.send(Err(e.clone()));
                 }
             }
         }
     }
-    drop(engine);
 }
 
-fn run_batch(
-    engine: &mut dyn Engine,
-    pipeline: &Pipeline,
-    active: &HashMap<u64, Active>,
-    planned: &Planned,
-    stats: &WorkerStats,
-) -> Result<Vec<Vec<f32>>, EngineError> {
+fn token_batch(pipeline: &Pipeline, active: &HashMap<u64, Active>, planned: &Planned, stats: &WorkerStats) -> TokenBatch {
     let rows: Vec<(&[i64], Option<&[i64]>)> = planned
         .items
         .iter()
@@ -224,7 +337,7 @@ fn run_batch(
     stats.rows.fetch_add(batch.batch as u64, Ordering::Relaxed);
     stats.padded_tokens.fetch_add((batch.batch * batch.seq) as u64, Ordering::Relaxed);
     stats.real_tokens.fetch_add(batch.lengths.iter().sum::<usize>() as u64, Ordering::Relaxed);
-    pool_output(engine.run(&batch)?, &batch, pipeline)
+    batch
 }
 
 fn pool_output(output: EngineOutput, batch: &TokenBatch, pipeline: &Pipeline) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -265,6 +378,7 @@ fn release_freed_memory() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use eeane_backend_core::Engine;
 
     /// Returns each token's id as its state, so pooling is checkable by hand.
     struct EchoEngine(EngineInfo);
@@ -290,6 +404,48 @@ mod tests {
             accelerated_layers: None,
             runtime_version: None,
         })))
+    }
+
+    /// Like EchoEngine, but slow, so that a second device gets work.
+    struct SlowEcho(EchoEngine);
+
+    impl Engine for SlowEcho {
+        fn info(&self) -> &EngineInfo {
+            self.0.info()
+        }
+        fn run(&mut self, b: &TokenBatch) -> Result<EngineOutput, EngineError> {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            self.0.run(b)
+        }
+    }
+
+    fn slow_echo(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+        if spec.device == "missing" {
+            return Err(EngineError::Device("no such device".into()));
+        }
+        let info = EngineInfo { device: spec.device.clone(), ..echo(spec)?.info().clone() };
+        Ok(Box::new(SlowEcho(EchoEngine(info))))
+    }
+
+    #[tokio::test]
+    async fn several_devices_pull_from_one_pool() {
+        let policy = BatchPolicy {
+            buckets: vec![Bucket { max_tokens: 16, max_batch: 2 }],
+            max_batch_tokens: 1024,
+            pad_to_multiple_of: 0,
+            pad_to_bucket: false,
+            order: Order::Sorted,
+        };
+        let pipeline = Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 };
+        let spec = EngineSpec { device: "a,missing,b".into(), ..EngineSpec::default() };
+        let worker = EngineWorker::start("echo", slow_echo, spec, pipeline).await.unwrap();
+        assert_eq!(worker.info().device, "a + b (missing: missing)");
+        let seqs: Vec<Encoded> = (1..=40).map(|i| Encoded { ids: vec![i; 1 + i as usize % 5], type_ids: vec![0; 1 + i as usize % 5] }).collect();
+        let got = worker.embed(seqs, None).await.unwrap();
+        assert_eq!(got, (1..=40).map(|i| vec![i as f32, 1.0]).collect::<Vec<_>>());
+        let per_device = worker.stats.device_batches.lock().unwrap().clone();
+        assert_eq!(per_device.iter().sum::<u64>(), 20);
+        assert!(per_device.iter().all(|&n| n > 0), "both devices should run batches: {per_device:?}");
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@
 //! 4. the engine in-process with arrival-order batches padded to their longest,
 //!    the baseline that sorting and buckets are measured against.
 
+mod buckets;
 mod corpus;
 
 use std::net::SocketAddr;
@@ -23,7 +24,20 @@ use crate::http::{router, AppState};
 use crate::model::{Inputs, LoadedModel};
 use crate::serving::Service;
 
+pub use buckets::{BucketFigure, ModelFigures};
 pub use corpus::corpus;
+
+/// `eeane bench --buckets`: every model in `ids` (comma-separated), bucket by bucket.
+pub async fn run_buckets(config: Config, ids: &str, min_seconds: f64) -> Result<(Vec<ModelFigures>, String), String> {
+    let mut figures = Vec::new();
+    for id in ids.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let model = config.models.iter().find(|m| m.names().any(|n| n == id)).ok_or_else(|| format!("no model {id:?} in the config"))?;
+        eprintln!("eeane bench --buckets: {id}");
+        figures.push(buckets::measure(model, &config, min_seconds).await?);
+    }
+    let table = buckets::table(&figures);
+    Ok((figures, table))
+}
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {

@@ -65,6 +65,7 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
                     "rows": load(&stats.rows),
                     "padded_tokens": load(&stats.padded_tokens),
                     "real_tokens": load(&stats.real_tokens),
+                    "per_device": *stats.device_batches.lock().unwrap(),
                 });
             }
             // Flatten the status fields next to the others.

@@ -1,0 +1,91 @@
+//! `eeane bench --buckets`: each model's engine on full batches of every one of
+//! its length buckets, in process, so that engines (and precisions) can be held
+//! against each other shape by shape, as seed 001's tables are.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::config::{Config, ModelConfig};
+use crate::model::{batch_policy, Inputs, LoadedModel};
+
+#[derive(Debug, Serialize)]
+pub struct BucketFigure {
+    pub batch: usize,
+    pub seq: usize,
+    pub us_per_text: f64,
+    pub texts_per_s: f64,
+    /// Microseconds of all the machine's cores per text: `us_per_text x cores`.
+    pub core_us_per_text: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelFigures {
+    pub model: String,
+    pub engine: String,
+    pub device: String,
+    pub precision: String,
+    pub load_ms: u64,
+    pub buckets: Vec<BucketFigure>,
+}
+
+/// Sequences of exactly `seq` tokens: `seq - 2` content ids (the model adds its
+/// two special tokens). Dense compute does not depend on the ids' values.
+fn full_batch(batch: usize, seq: usize) -> Inputs {
+    Inputs::TokenIds((0..batch).map(|r| (0..seq as i64 - 2).map(|i| 1000 + (i * 7 + r as i64) % 500).collect()).collect())
+}
+
+pub async fn measure(model: &ModelConfig, server: &Config, min_seconds: f64) -> Result<ModelFigures, String> {
+    let loaded = LoadedModel::load(model, server).await.map_err(|e| format!("{}: {e}", model.id))?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let mut buckets = Vec::new();
+    for bucket in batch_policy(model).buckets {
+        let (batch, seq) = (bucket.max_batch, bucket.max_tokens);
+        let inputs = Arc::new(full_batch(batch, seq));
+        loaded.embed(inputs.clone(), None).await.map_err(|e| e.to_string())?; // warm-up
+        let started = Instant::now();
+        let mut runs = 0usize;
+        while runs < 3 || started.elapsed() < Duration::from_secs_f64(min_seconds) {
+            let out = loaded.embed(inputs.clone(), None).await.map_err(|e| e.to_string())?;
+            debug_assert_eq!(out.tokens, batch * seq);
+            runs += 1;
+        }
+        let us_per_text = started.elapsed().as_secs_f64() * 1e6 / (runs * batch) as f64;
+        eprintln!("  {} {batch:>3} x {seq:<4} {us_per_text:>9.0} us/text", model.id);
+        buckets.push(BucketFigure { batch, seq, us_per_text, texts_per_s: 1e6 / us_per_text, core_us_per_text: us_per_text * cores });
+    }
+    let info = loaded.engine_info();
+    Ok(ModelFigures {
+        model: model.id.clone(),
+        engine: info.engine.clone(),
+        device: info.device.clone(),
+        precision: info.precision.clone(),
+        load_ms: loaded.load_ms,
+        buckets,
+    })
+}
+
+/// One row per bucket, one column group per model.
+pub fn table(figures: &[ModelFigures]) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut out = format!("per bucket, full batches of exactly batch x seq tokens, {cores} cores\n\n| batch x seq |");
+    for f in figures {
+        out += &format!(" {} ({}, {}, {}) us/text | texts/s | core-us/text |", f.model, f.engine, f.device, f.precision);
+    }
+    out += "\n| --- |";
+    out += &" ---: | ---: | ---: |".repeat(figures.len());
+    out += "\n";
+    let shapes: Vec<(usize, usize)> = figures.first().map(|f| f.buckets.iter().map(|b| (b.batch, b.seq)).collect()).unwrap_or_default();
+    for (batch, seq) in shapes {
+        out += &format!("| {batch} x {seq} |");
+        for f in figures {
+            match f.buckets.iter().find(|b| b.batch == batch && b.seq == seq) {
+                Some(b) => out += &format!(" {:.0} | {:.1} | {:.0} |", b.us_per_text, b.texts_per_s, b.core_us_per_text),
+                None => out += " - | - | - |",
+            }
+        }
+        out += "\n";
+    }
+    out
+}
