@@ -142,3 +142,18 @@ fn a_reload_after_unload_compiles_from_the_cache() {
     assert_eq!(first, again, "the cached compile gives the same vectors");
     println!("openvino e5-small-enpt-int8 IR, 2 buckets: load with a cold compile cache {cold_ms} ms, reload after unload (cache warm) {warm_ms} ms; {blobs} cached blobs");
 }
+
+#[test]
+fn a_missing_openvino_library_fails_only_its_models() {
+    let config = format!(
+        "[runtimes]\nopenvino = \"/nonexistent/libopenvino_c.so\"\n{}{}",
+        minilm_entry("minilm-ort", "onnxruntime"),
+        minilm_entry("minilm-ov", "openvino")
+    );
+    let server = Server::start(Some(&config), &[]);
+    let (status, response) = server.post("/v1/embeddings", &json!({"model": "minilm-ov", "input": "x"}));
+    assert_eq!(status, 503, "{response}");
+    let message = response["error"]["message"].as_str().unwrap();
+    assert!(message.contains("/nonexistent/libopenvino_c.so"), "{message}");
+    assert_eq!(embed(&server, "minilm-ort", &["x".to_string()]).len(), 1, "the ONNX Runtime model keeps serving");
+}
