@@ -4,7 +4,9 @@ The graph takes input_ids, attention_mask, token_type_ids (int64 [B, S]) and
 returns last_hidden_state [B, S, H]; pooling stays outside, in eeane's shared
 code. With `token_types=False` there is no token_type_ids input (type 0 is
 added as a constant); with `pooled=True` the graph ends in mask-mean pooling
-and L2 normalization and returns sentence_embedding [B, H], ready to use. `numpy_forward` is an independent float64 implementation of the same
+and L2 normalization and returns sentence_embedding [B, H], ready to use.
+With `ncnn_friendly=True` (for pnnx): position_ids is an input, the mask is
+float, and there is no token-type input (pnnx's converter crashed on it). `numpy_forward` is an independent float64 implementation of the same
 network, used to check the graph before it is published.
 """
 import math
@@ -20,7 +22,7 @@ def _prefix(weights):
     return "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
 
 
-def build_graph(weights, cfg, token_types=True, pooled=False):
+def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False):
     p = _prefix(weights)
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
@@ -56,8 +58,12 @@ def build_graph(weights, cfg, token_types=True, pooled=False):
         return node("Add", [node("MatMul", [x, weight(prefix + ".weight", transpose=True)]), weight(prefix + ".bias")])
 
     # Embeddings: word + position (0..S-1) + token type, then LayerNorm.
-    seq_len = node("Gather", [node("Shape", ["input_ids"]), const("one_i64", np.array(1, np.int64))], axis=0)
-    positions = node("Range", [const("zero_i64", np.array(0, np.int64)), seq_len, "one_i64"])
+    if ncnn_friendly:
+        positions = "position_ids"
+        token_types = False
+    else:
+        seq_len = node("Gather", [node("Shape", ["input_ids"]), const("one_i64", np.array(1, np.int64))], axis=0)
+        positions = node("Range", [const("zero_i64", np.array(0, np.int64)), seq_len, "one_i64"])
     x = node("Add", [
         node("Gather", [weight("embeddings.word_embeddings.weight"), "input_ids"]),
         node("Gather", [weight("embeddings.position_embeddings.weight"), positions]),
@@ -70,7 +76,7 @@ def build_graph(weights, cfg, token_types=True, pooled=False):
 
     # Additive attention bias [B, 1, 1, S]: 0 where attended, float32 min where masked
     # (as transformers does), so a padded key never receives weight.
-    mask_f = node("Cast", ["attention_mask"], to=TensorProto.FLOAT)
+    mask_f = "attention_mask" if ncnn_friendly else node("Cast", ["attention_mask"], to=TensorProto.FLOAT)
     inverted = node("Sub", [const("one_f", np.array(1.0, np.float32)), mask_f])
     bias = node("Mul", [inverted, const("mask_min", np.array(np.finfo(np.float32).min, np.float32))])
     bias = node("Unsqueeze", [bias, const("axes_1_2", np.array([1, 2], np.int64))])
@@ -111,7 +117,11 @@ def build_graph(weights, cfg, token_types=True, pooled=False):
         nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
         output = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])
     int_input = lambda name: helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
-    inputs = [int_input("input_ids"), int_input("attention_mask")] + ([int_input("token_type_ids")] if token_types else [])
+    if ncnn_friendly:
+        inputs = [int_input("input_ids"), int_input("position_ids"),
+                  helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, ["batch", "sequence"])]
+    else:
+        inputs = [int_input("input_ids"), int_input("attention_mask")] + ([int_input("token_type_ids")] if token_types else [])
     graph = helper.make_graph(nodes, "bert_encoder", inputs, [output], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
     model.ir_version = 8

