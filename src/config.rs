@@ -78,6 +78,8 @@ pub struct RuntimesConfig {
     pub onnxruntime: ConfigPath,
     /// Path of OpenVINO's libopenvino_c.so, opened when the first openvino model loads.
     pub openvino: ConfigPath,
+    /// Path of eeane's ncnn shim (libeeane_ncnn.so, built with ncnn by models/build_ncnn.sh).
+    pub ncnn: ConfigPath,
 }
 
 impl RuntimesConfig {
@@ -85,6 +87,7 @@ impl RuntimesConfig {
     pub fn library(&self, engine: &str) -> PathBuf {
         match engine {
             "openvino" => self.openvino.path(),
+            "ncnn" => self.ncnn.path(),
             _ => self.onnxruntime.path(),
         }
     }
@@ -371,6 +374,7 @@ impl Config {
         self.server.cache_dir = cache.to_string_lossy().into_owned();
         self.runtimes.onnxruntime.resolve(&cache);
         self.runtimes.openvino.resolve(&cache);
+        self.runtimes.ncnn.resolve(&cache);
         for m in &mut self.models {
             m.model.resolve(&cache);
             m.tokenizer.resolve(&cache);

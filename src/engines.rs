@@ -7,6 +7,8 @@ pub const NAMES: &[&str] = &[
     "onnxruntime",
     #[cfg(feature = "openvino")]
     "openvino",
+    #[cfg(feature = "ncnn")]
+    "ncnn",
 ];
 
 pub fn known(name: &str) -> bool {
@@ -19,6 +21,8 @@ pub fn loader(name: &str) -> Option<EngineLoader> {
         "onnxruntime" => Some(eeane_backend_onnxruntime::load),
         #[cfg(feature = "openvino")]
         "openvino" => Some(eeane_backend_openvino::load),
+        #[cfg(feature = "ncnn")]
+        "ncnn" => Some(eeane_backend_ncnn::load),
         _ => None,
     }
 }
@@ -30,6 +34,8 @@ pub fn open_runtime(name: &str, library: &std::path::Path) -> Result<String, Str
         "onnxruntime" => eeane_backend_onnxruntime::open(library).map_err(|e| e.to_string()),
         #[cfg(feature = "openvino")]
         "openvino" => eeane_backend_openvino::open(library).map_err(|e| e.to_string()),
+        #[cfg(feature = "ncnn")]
+        "ncnn" => eeane_backend_ncnn::open(library).map_err(|e| e.to_string()),
         _ => {
             let _ = library;
             Err(format!("engine {name:?} is not compiled into this build"))

@@ -56,6 +56,10 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
                 entry["device"] = json!(info.device);
                 entry["precision"] = json!(info.precision);
                 entry["runtime_version"] = json!(info.runtime_version);
+                if let Some((on, total)) = info.accelerated_layers {
+                    // A silent fallback to the CPU shows here (seed 000).
+                    entry["accelerated_layers"] = json!({"on_device": on, "total": total});
+                }
                 entry["dimensions"] = json!(model.dimensions);
                 entry["load_ms"] = json!(model.load_ms);
                 let stats = model.stats();

@@ -1,0 +1,226 @@
+//! ncnn engine: CPU or a Vulkan device pinned by name. ncnn itself is built
+//! from its PyPI sdist by models/build_ncnn.sh, together with eeane's C++ shim
+//! (`shim/eeane_ncnn.cpp`), which this crate opens at run time: the build
+//! needs no ncnn, and a missing one fails only the models that use it.
+//!
+//! Seed 000's traps, all handled in the shim's load order: fp16 storage,
+//! packing and arithmetic are off unless a model asks (fp16 rounds Q and K
+//! before the attention scores accumulate: cosine 0.16), the Vulkan device is
+//! attached before `load_param` (after it, layers silently stay on the CPU),
+//! and every sequence runs at its own length (padding corrupts GPU results).
+
+use std::ffi::{c_char, c_int, c_long, c_void, CStr, CString};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, TokenBatch};
+
+type GpuCount = unsafe extern "C" fn() -> c_int;
+type GpuInfo = unsafe extern "C" fn(c_int, *mut c_char, c_int) -> c_int;
+type GpuRelease = unsafe extern "C" fn();
+type NetLoad = unsafe extern "C" fn(c_int, c_int, c_int, *const c_char, *const c_char) -> *mut c_void;
+type VulkanLayers = unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int;
+type Run = unsafe extern "C" fn(*mut c_void, *const c_int, c_int, *mut f32, c_long) -> c_int;
+type NetFree = unsafe extern "C" fn(*mut c_void);
+
+struct Shim {
+    gpu_count: GpuCount,
+    gpu_info: GpuInfo,
+    gpu_release: GpuRelease,
+    net_load: NetLoad,
+    vulkan_layers: VulkanLayers,
+    run: Run,
+    net_free: NetFree,
+    // Kept last: the function pointers above point into it.
+    _library: libloading::Library,
+}
+
+static SHIM: OnceLock<Result<Arc<Shim>, String>> = OnceLock::new();
+/// Nets alive on a Vulkan device; when the last goes, the GPU instance goes too.
+static GPU_NETS: AtomicUsize = AtomicUsize::new(0);
+
+fn shim(path: &Path) -> Result<Arc<Shim>, EngineError> {
+    SHIM.get_or_init(|| {
+        if !path.exists() {
+            return Err(format!("ncnn shim {} not found (run models/build_ncnn.sh, or set runtimes.ncnn)", path.display()));
+        }
+        // SAFETY: the shim is eeane's own library with the signatures above.
+        unsafe {
+            let library = libloading::Library::new(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            macro_rules! sym {
+                ($name:literal) => {
+                    *library.get($name).map_err(|e| format!("{}: {e}", path.display()))?
+                };
+            }
+            Ok(Arc::new(Shim {
+                gpu_count: sym!(b"eeane_ncnn_gpu_count"),
+                gpu_info: sym!(b"eeane_ncnn_gpu_info"),
+                gpu_release: sym!(b"eeane_ncnn_gpu_release"),
+                net_load: sym!(b"eeane_ncnn_net_load"),
+                vulkan_layers: sym!(b"eeane_ncnn_vulkan_layers"),
+                run: sym!(b"eeane_ncnn_run"),
+                net_free: sym!(b"eeane_ncnn_net_free"),
+                _library: library,
+            }))
+        }
+    })
+    .clone()
+    .map_err(EngineError::Runtime)
+}
+
+/// Opens the shim (and ncnn); a missing one shows at start-up.
+pub fn open(path: &Path) -> Result<String, EngineError> {
+    shim(path).map(|_| "ncnn".to_string())
+}
+
+/// The Vulkan devices ncnn sees: (name, kind).
+pub fn vulkan_devices(path: &Path) -> Result<Vec<(String, &'static str)>, EngineError> {
+    let shim = shim(path)?;
+    // SAFETY: plain calls into the shim.
+    let count = unsafe { (shim.gpu_count)() };
+    Ok((0..count)
+        .map(|i| {
+            let mut buf = [0 as c_char; 256];
+            let kind = unsafe { (shim.gpu_info)(i, buf.as_mut_ptr(), buf.len() as c_int) };
+            let name = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+            let kind = match kind {
+                0 => "discrete",
+                1 => "integrated",
+                2 => "virtual",
+                3 => "cpu",
+                _ => "unknown",
+            };
+            (name, kind)
+        })
+        .collect())
+}
+
+/// `"cpu"` is the CPU; `"vulkan:<name or unique substring>"` a Vulkan device,
+/// never an index (indices move when cards are added; the desktop's card must
+/// not be taken by accident). `forbidden` names are refused whatever the model asks.
+fn resolve_device(path: &Path, device: &str, forbidden: &[String]) -> Result<Option<(i32, String)>, EngineError> {
+    if device.eq_ignore_ascii_case("cpu") {
+        return Ok(None);
+    }
+    let Some(wanted) = device.strip_prefix("vulkan:").map(str::trim) else {
+        return Err(EngineError::Device(format!("device {device:?}: use \"cpu\" or \"vulkan:<device name>\"")));
+    };
+    if wanted.is_empty() || wanted.parse::<i64>().is_ok() {
+        return Err(EngineError::Device(format!("device {device:?}: pin a Vulkan device by its name, not by an index")));
+    }
+    let visible = vulkan_devices(path)?;
+    let listing = || visible.iter().map(|(n, k)| format!("{n:?} ({k})")).collect::<Vec<_>>().join(", ");
+    let hits: Vec<(usize, &String)> =
+        visible.iter().enumerate().filter(|(_, (n, _))| n.to_lowercase().contains(&wanted.to_lowercase())).map(|(i, (n, _))| (i, n)).collect();
+    match hits[..] {
+        [(index, name)] => {
+            if forbidden.iter().any(|f| !f.is_empty() && name.to_lowercase().contains(&f.to_lowercase())) {
+                return Err(EngineError::Device(format!("Vulkan device {name:?} is on the server's forbidden list")));
+            }
+            Ok(Some((index as i32, name.clone())))
+        }
+        [] => Err(EngineError::Device(format!("no Vulkan device matches {wanted:?}; visible: {}", if visible.is_empty() { "none".into() } else { listing() }))),
+        _ => Err(EngineError::Device(format!("{wanted:?} matches several Vulkan devices; name one of: {}", listing()))),
+    }
+}
+
+pub struct NcnnEngine {
+    shim: Arc<Shim>,
+    net: *mut c_void,
+    on_gpu: bool,
+    info: EngineInfo,
+    /// Reused output buffer (tokens x dim).
+    states: Vec<f32>,
+}
+
+// SAFETY: the net is used by one thread at a time (the engine's own); the shim
+// also serialises calls on a net.
+unsafe impl Send for NcnnEngine {}
+
+/// Options: `precision` = "fp16" turns fp16 storage, packing and arithmetic on
+/// (off by default: seed 000), `forbidden_devices` = newline-separated names.
+pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+    let library = spec.runtime_library.as_deref().ok_or_else(|| EngineError::Runtime("no ncnn shim configured".into()))?;
+    let shim = shim(library)?;
+    let forbidden: Vec<String> = spec.options.get("forbidden_devices").map(|s| s.lines().map(str::to_string).collect()).unwrap_or_default();
+    let device = resolve_device(library, &spec.device, &forbidden)?;
+    let fp16 = spec.options.get("precision").is_some_and(|v| matches!(v.to_lowercase().as_str(), "fp16" | "f16"));
+    let param = spec.model_path.clone();
+    let bin = param.with_extension("bin");
+    if !param.is_file() || !bin.is_file() {
+        return Err(EngineError::Model(format!("{} and {} must both exist", param.display(), bin.display())));
+    }
+    let (param_c, bin_c) = (
+        CString::new(param.to_string_lossy().as_bytes()).map_err(|e| EngineError::Model(e.to_string()))?,
+        CString::new(bin.to_string_lossy().as_bytes()).map_err(|e| EngineError::Model(e.to_string()))?,
+    );
+    let gpu = device.as_ref().map_or(-1, |(i, _)| *i);
+    // SAFETY: valid C strings; the shim returns null on failure.
+    let net = unsafe { (shim.net_load)(gpu, fp16 as c_int, spec.threads as c_int, param_c.as_ptr(), bin_c.as_ptr()) };
+    if net.is_null() {
+        return Err(EngineError::Model(format!("ncnn cannot load {} / {}", param.display(), bin.display())));
+    }
+    if gpu >= 0 {
+        GPU_NETS.fetch_add(1, Ordering::SeqCst);
+    }
+    let mut total = 0;
+    // SAFETY: net is live.
+    let on_vulkan = unsafe { (shim.vulkan_layers)(net, &mut total) };
+    let info = EngineInfo {
+        engine: "ncnn".into(),
+        device: device.as_ref().map_or("cpu".into(), |(_, name)| format!("vulkan:{name}")),
+        precision: if fp16 { "fp16".into() } else { "fp32".into() },
+        shapes: InputShapes::OneAtNaturalLength,
+        takes_token_type_ids: false,
+        seq_multiple: 1,
+        accelerated_layers: Some((on_vulkan.max(0) as usize, total.max(0) as usize)),
+        runtime_version: Some("ncnn 1.0.20261020".into()),
+    };
+    tracing::info!(device = %info.device, vulkan_layers = on_vulkan, layers = total, "ncnn: loaded");
+    Ok(Box::new(NcnnEngine { shim, net, on_gpu: gpu >= 0, info, states: Vec::new() }))
+}
+
+impl Engine for NcnnEngine {
+    fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// Each row at its own length; the rows' states are laid into a padded
+    /// `[batch, seq, dim]` block whose padding rows stay zero (pooling reads
+    /// only the first `length` rows).
+    fn run(&mut self, batch: &TokenBatch) -> Result<EngineOutput, EngineError> {
+        let mut out: Vec<f32> = Vec::new();
+        let mut dim = 0usize;
+        for (r, &len) in batch.lengths.iter().enumerate() {
+            let ids: Vec<c_int> = batch.input_ids[r * batch.seq..r * batch.seq + len].iter().map(|&i| i as c_int).collect();
+            let cap = len * 4096;
+            self.states.resize(cap, 0.0);
+            // SAFETY: ids and states are valid for len and cap elements.
+            let d = unsafe { (self.shim.run)(self.net, ids.as_ptr(), len as c_int, self.states.as_mut_ptr(), cap as c_long) };
+            if d <= 0 {
+                return Err(EngineError::Inference(format!("ncnn failed on a sequence of {len} tokens (code {d})")));
+            }
+            let d = d as usize;
+            if out.is_empty() {
+                dim = d;
+                out = vec![0.0; batch.batch * batch.seq * dim];
+            }
+            let row = r * batch.seq * dim;
+            out[row..row + len * dim].copy_from_slice(&self.states[..len * dim]);
+        }
+        Ok(EngineOutput::Hidden { data: out, batch: batch.batch, seq: batch.seq, dim })
+    }
+}
+
+impl Drop for NcnnEngine {
+    fn drop(&mut self) {
+        // SAFETY: the net is live and dropped once.
+        unsafe { (self.shim.net_free)(self.net) };
+        // The last Vulkan net takes the GPU instance with it, so the driver's
+        // memory goes back (seed 000 saw it held for the process's life).
+        if self.on_gpu && GPU_NETS.fetch_sub(1, Ordering::SeqCst) == 1 {
+            unsafe { (self.shim.gpu_release)() };
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! The ncnn engine over real HTTP against ONNX Runtime on the default model:
+//! on the CPU and on a Vulkan device pinned by name (lavapipe, "llvmpipe", in
+//! CI-like machines; Debian's mesa-vulkan-drivers). Needs ncnn and the shim
+//! built by `bash models/build_ncnn.sh` (about 15 minutes, once) and the model
+//! by `models/prepare.py all-minilm-l6-v2-ncnn`; not yet part of tests/run.sh,
+//! so these run on demand: `cargo test --release --test ncnn -- --ignored --nocapture`.
+
+mod common;
+
+use common::{as_f64, cosine, fixture_texts, minilm_dir, Server};
+use serde_json::json;
+
+fn entry(id: &str, device: &str) -> String {
+    let dir = common::cache_dir().join("models/all-minilm-l6-v2-ncnn");
+    assert!(dir.join("manifest.json").exists(), "{} is missing: run models/prepare.py all-minilm-l6-v2-ncnn", dir.display());
+    format!(
+        "[[models]]\nid = \"{id}\"\nengine = \"ncnn\"\ndevice = \"{device}\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\n",
+        dir.join("model.ncnn.param").display(),
+        dir.join("tokenizer.json").display()
+    )
+}
+
+#[test]
+#[ignore = "needs models/build_ncnn.sh (15 minutes); run with --ignored"]
+fn ncnn_on_cpu_and_vulkan_by_name_matches_onnxruntime() {
+    let ort = format!(
+        "[[models]]\nid = \"ort\"\nengine = \"onnxruntime\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\n",
+        minilm_dir().join("model.onnx").display(),
+        minilm_dir().join("tokenizer.json").display()
+    );
+    let config = [ort, entry("ncnn-cpu", "cpu"), entry("ncnn-vulkan", "vulkan:llvmpipe"), entry("by-index", "vulkan:0"), entry("absent", "vulkan:GeForce GTX 1080")].concat();
+    let server = Server::start(Some(&config), &[]);
+    let texts = fixture_texts();
+    let (_, want) = server.post("/v1/embeddings", &json!({"model": "ort", "input": texts}));
+    let want = common::vectors(&want);
+    for id in ["ncnn-cpu", "ncnn-vulkan"] {
+        let (status, got) = server.post("/v1/embeddings", &json!({"model": id, "input": texts}));
+        assert_eq!(status, 200, "{id}: {got}");
+        let got = common::vectors(&got);
+        let worst = got.iter().zip(&want).map(|(g, w)| cosine(g, &as_f64(w))).fold(1.0f64, f64::min);
+        let health = server.model_health(id);
+        println!("{id}: {} texts, min cosine to ONNX Runtime {worst:.8}; device {}, layers on the device {}", texts.len(), health["device"], health["accelerated_layers"]);
+        assert!(worst >= 0.9999, "{id}: min cosine {worst}");
+    }
+    let vulkan = server.model_health("ncnn-vulkan");
+    assert!(vulkan["device"].as_str().unwrap().starts_with("vulkan:llvmpipe"), "{vulkan}");
+    assert!(vulkan["accelerated_layers"]["on_device"].as_u64().unwrap() > 0, "no layer reached Vulkan: {vulkan}");
+    for (id, needle) in [("by-index", "not by an index"), ("absent", "visible")] {
+        let (status, response) = server.post("/v1/embeddings", &json!({"model": id, "input": "x"}));
+        assert_eq!(status, 503, "{id}: {response}");
+        assert!(response["error"]["message"].as_str().unwrap().contains(needle), "{id}: {response}");
+    }
+}
