@@ -38,4 +38,19 @@ if [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$stamp" ]; then
   echo "$stamp" > "$venv/.requirements.sha256"
 fi
 
-"$venv/bin/python" "$here/prepare.py" --cache "$cache" onnxruntime all-minilm-l6-v2 ${EEANE_EXTRA_MODELS:-}
+# "ncnn" in EEANE_EXTRA_MODELS builds ncnn and eeane's shim (models/build_ncnn.sh,
+# about 7 minutes once) and installs a Vulkan loader and Mesa's lavapipe, a
+# Vulkan device on the CPU; the other names are models/prepare.py targets.
+extra=()
+for target in ${EEANE_EXTRA_MODELS:-}; do
+  if [ "$target" = ncnn ]; then
+    if [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || ! ldconfig -p | grep -q 'libvulkan.so.1 '; then
+      echo "setup: installing Debian's libvulkan1 and mesa-vulkan-drivers (lavapipe)" >&2
+      apt_install libvulkan1 mesa-vulkan-drivers
+    fi
+    EEANE_CACHE_DIR=$cache bash "$here/build_ncnn.sh"
+  else
+    extra+=("$target")
+  fi
+done
+"$venv/bin/python" "$here/prepare.py" --cache "$cache" onnxruntime all-minilm-l6-v2 "${extra[@]}"

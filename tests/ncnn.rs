@@ -1,9 +1,7 @@
 //! The ncnn engine over real HTTP against ONNX Runtime on the default model:
-//! on the CPU and on a Vulkan device pinned by name (lavapipe, "llvmpipe", in
-//! CI-like machines; Debian's mesa-vulkan-drivers). Needs ncnn and the shim
-//! built by `bash models/build_ncnn.sh` (about 15 minutes, once) and the model
-//! by `models/prepare.py all-minilm-l6-v2-ncnn`; not yet part of tests/run.sh,
-//! so these run on demand: `cargo test --release --test ncnn -- --ignored --nocapture`.
+//! on the CPU and on a Vulkan device pinned by name (lavapipe, "llvmpipe",
+//! from Debian's mesa-vulkan-drivers, which tests/run.sh installs along with
+//! ncnn and the converted model).
 
 mod common;
 
@@ -21,7 +19,6 @@ fn entry(id: &str, device: &str) -> String {
 }
 
 #[test]
-#[ignore = "needs models/build_ncnn.sh (15 minutes); run with --ignored"]
 fn ncnn_on_cpu_and_vulkan_by_name_matches_onnxruntime() {
     let ort = format!(
         "[[models]]\nid = \"ort\"\nengine = \"onnxruntime\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\n",
