@@ -549,17 +549,20 @@ def ncnn_vectors(param, weights, seqs):
 
     net = ncnn.Net()
     net.opt.use_vulkan_compute = False
-    net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
+    net.opt.use_fp16_packed = False
+    net.opt.use_fp16_storage = False
+    net.opt.use_fp16_arithmetic = False
     net.load_param(str(param))
     net.load_model(str(weights))
     out = []
     for ids in seqs:
         n = len(ids)
         ex = net.create_extractor()
-        # Cloned: a Mat over numpy memory has no refcount, and the mask's first
-        # operation runs in place (ncnn dereferences the refcount: a crash).
-        mats = [ncnn.Mat(np.array(ids, np.int32)).clone(), ncnn.Mat(np.arange(n, dtype=np.int32)).clone(),
-                ncnn.Mat(np.ones(n, np.float32)).clone()]
+        # A Mat over numpy memory only borrows it (the arrays must outlive it)
+        # and has no refcount, while the mask's first operation runs in place
+        # (ncnn dereferences the refcount: a crash): clone each, arrays alive.
+        arrays = [np.array(ids, np.int32), np.arange(n, dtype=np.int32), np.ones(n, np.float32)]
+        mats = [ncnn.Mat(a).clone() for a in arrays]
         for name, mat in zip(("in0", "in1", "in2"), mats):
             ex.input(name, mat)
         _, states = ex.extract("out0")
