@@ -57,6 +57,10 @@ pub struct ServerConfig {
     pub graceful_shutdown_timeout: Option<u64>,
     /// GET /health requests per minute per client IP; 0 = no limit.
     pub health_rate_limit: u32,
+    /// GPU names (or substrings) no model may use, whatever its entry says:
+    /// the card driving the desktop, for one.
+    #[serde(default)]
+    pub forbidden_devices: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]

@@ -48,3 +48,14 @@ fn ncnn_on_cpu_and_vulkan_by_name_matches_onnxruntime() {
         assert!(response["error"]["message"].as_str().unwrap().contains(needle), "{id}: {response}");
     }
 }
+
+#[test]
+fn a_forbidden_device_is_refused_whatever_the_model_says() {
+    let config = format!("[server]\nforbidden_devices = [\"LLVMPIPE\"]\n{}{}", entry("pinned", "vulkan:llvmpipe"), entry("cpu", "cpu"));
+    let server = Server::start(Some(&config), &[]);
+    let (status, response) = server.post("/v1/embeddings", &json!({"model": "pinned", "input": "x"}));
+    assert_eq!(status, 503, "{response}");
+    assert!(response["error"]["message"].as_str().unwrap().contains("forbidden"), "{response}");
+    let (status, _) = server.post("/v1/embeddings", &json!({"model": "cpu", "input": "x"}));
+    assert_eq!(status, 200, "the CPU model keeps serving");
+}
