@@ -5,9 +5,12 @@ returns last_hidden_state [B, S, H]; pooling stays outside, in eeane's shared
 code. With `token_types=False` there is no token_type_ids input (type 0 is
 added as a constant); with `pooled=True` the graph ends in mask-mean pooling
 and L2 normalization and returns sentence_embedding [B, H], ready to use.
-With `ncnn_friendly=True` (for pnnx): position_ids is an input, the mask is
-float, and there is no token-type input (pnnx's converter crashed on it). `numpy_forward` is an independent float64 implementation of the same
-network, used to check the graph before it is published.
+With `ncnn_friendly=True` (for pnnx): position_ids is an input, there is no
+token-type input (pnnx's converter crashed on it), and the mask is a float
+[B, S, S] matrix, key by query, so that several sequences can be packed into
+one row (positions restarting, each attending only to itself) and run as one.
+`numpy_forward` is an independent float64 implementation of the same network,
+used to check the graph before it is published.
 """
 import math
 
@@ -74,12 +77,16 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
         x = node("Add", [x, const("token_type_0", weights[p + "embeddings.token_type_embeddings.weight"][0].astype(np.float32))])
     x = layer_norm(x, "embeddings.LayerNorm")
 
-    # Additive attention bias [B, 1, 1, S]: 0 where attended, float32 min where masked
-    # (as transformers does), so a padded key never receives weight.
+    # Additive attention bias, 0 where attended, float32 min where masked (as
+    # transformers does), so a padded key never receives weight: [B, 1, 1, S]
+    # from a [B, S] mask, or [B, 1, S, S] from ncnn's packed [B, S, S] one.
     mask_f = "attention_mask" if ncnn_friendly else node("Cast", ["attention_mask"], to=TensorProto.FLOAT)
     inverted = node("Sub", [const("one_f", np.array(1.0, np.float32)), mask_f])
     bias = node("Mul", [inverted, const("mask_min", np.array(np.finfo(np.float32).min, np.float32))])
-    bias = node("Unsqueeze", [bias, const("axes_1_2", np.array([1, 2], np.int64))])
+    if ncnn_friendly:
+        bias = node("Unsqueeze", [bias, const("axes_1", np.array([1], np.int64))])
+    else:
+        bias = node("Unsqueeze", [bias, const("axes_1_2", np.array([1, 2], np.int64))])
 
     split_shape = const("split_heads", np.array([0, 0, heads, head_dim], np.int64))
     merge_shape = const("merge_heads", np.array([0, 0, hidden], np.int64))
@@ -119,7 +126,7 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
     int_input = lambda name: helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
     if ncnn_friendly:
         inputs = [int_input("input_ids"), int_input("position_ids"),
-                  helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, ["batch", "sequence"])]
+                  helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, ["batch", "sequence", "sequence"])]
     else:
         inputs = [int_input("input_ids"), int_input("attention_mask")] + ([int_input("token_type_ids")] if token_types else [])
     graph = helper.make_graph(nodes, "bert_encoder", inputs, [output], initializer=inits)

@@ -251,6 +251,11 @@ pub struct ModelConfig {
     /// small machine they steal the cores tokenization and HTTP need).
     #[serde(default)]
     pub spin: bool,
+    /// ncnn: most tokens of sequences packed side by side into one run; unset
+    /// takes the engine's default (512 on Vulkan, 128 on the CPU), 1 runs each
+    /// sequence alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack_tokens: Option<usize>,
     /// Overrides server.default_load_policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_policy: Option<LoadPolicy>,
@@ -424,6 +429,9 @@ impl Config {
             }
             if m.buckets.iter().any(|b| b.max_tokens > m.max_tokens) {
                 return invalid(key("buckets"), format!("a bucket is longer than max_tokens = {}", m.max_tokens));
+            }
+            if m.pack_tokens == Some(0) {
+                return invalid(key("pack_tokens"), "must be at least 1 (1 runs each sequence alone)".into());
             }
             if m.long_text == LongText::Window {
                 if m.window < 3 || m.window > m.max_tokens {

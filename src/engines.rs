@@ -42,3 +42,15 @@ pub fn open_runtime(name: &str, library: &std::path::Path) -> Result<String, Str
         }
     }
 }
+
+/// The accelerator devices the engines' runtimes saw when they were opened, by
+/// API, for /health: ncnn's Vulkan devices as (name, kind).
+pub fn visible_devices() -> serde_json::Value {
+    let mut devices = serde_json::Map::new();
+    #[cfg(feature = "ncnn")]
+    if let Some(list) = eeane_backend_ncnn::visible_devices() {
+        let list: Vec<_> = list.into_iter().map(|(name, kind)| serde_json::json!({"name": name, "kind": kind})).collect();
+        devices.insert("vulkan".into(), list.into());
+    }
+    devices.into()
+}

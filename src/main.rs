@@ -93,7 +93,10 @@ fn main() -> ExitCode {
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
             let ids = model.unwrap_or_else(|| config.models.first().map(|m| m.id.clone()).unwrap_or_default());
             let _ = (texts, seed, batch, clients, parallel);
-            match runtime.block_on(eeane::bench::run_buckets(config, &ids, 2.0)) {
+            let result = runtime.block_on(eeane::bench::run_buckets(config, &ids, 2.0));
+            drop(runtime);
+            eeane::batcher::wait_for_engines(Duration::from_secs(30));
+            match result {
                 Ok((figures, table)) => {
                     print!("{table}");
                     if let Some(path) = json {
@@ -110,7 +113,10 @@ fn main() -> ExitCode {
         Command::Bench { model, texts, seed, batch, clients, parallel, buckets: false, json } => {
             let options = BenchOptions { model, texts, seed, batch, clients, parallel, json };
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-            match runtime.block_on(eeane::bench::run(config, options.clone())) {
+            let result = runtime.block_on(eeane::bench::run(config, options.clone()));
+            drop(runtime);
+            eeane::batcher::wait_for_engines(Duration::from_secs(30));
+            match result {
                 Ok(report) => {
                     print!("{}", eeane::bench::table(&report, &options));
                     ExitCode::SUCCESS
@@ -188,6 +194,7 @@ async fn serve(config: Config, config_flag: Option<PathBuf>, overrides: CliOverr
         _ = drained => tracing::warn!("graceful_shutdown_timeout passed with requests still in flight; stopping anyway"),
     }
     service.shutdown();
+    eeane::batcher::wait_for_engines(Duration::from_secs(30));
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }

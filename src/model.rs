@@ -61,6 +61,9 @@ impl LoadedModel {
         let mut options: std::collections::BTreeMap<String, String> =
             config.precision.iter().map(|p| ("precision".to_string(), p.clone())).collect();
         options.insert("spin".into(), config.spin.to_string());
+        if let Some(n) = config.pack_tokens {
+            options.insert("pack_tokens".into(), n.to_string());
+        }
         options.insert("forbidden_devices".into(), server.server.forbidden_devices.join("\n"));
         // OpenVINO's compile cache: a reload after a keep-alive unload skips compiling.
         options.insert("cache_dir".into(), server.cache_dir().join("compiled").join(&config.engine).to_string_lossy().into_owned());

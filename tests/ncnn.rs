@@ -9,10 +9,14 @@ use common::{as_f64, cosine, fixture_texts, minilm_dir, Server};
 use serde_json::json;
 
 fn entry(id: &str, device: &str) -> String {
+    entry_with(id, device, "")
+}
+
+fn entry_with(id: &str, device: &str, extra: &str) -> String {
     let dir = common::cache_dir().join("models/all-minilm-l6-v2-ncnn");
     assert!(dir.join("manifest.json").exists(), "{} is missing: run models/prepare.py all-minilm-l6-v2-ncnn", dir.display());
     format!(
-        "[[models]]\nid = \"{id}\"\nengine = \"ncnn\"\ndevice = \"{device}\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\n",
+        "[[models]]\nid = \"{id}\"\nengine = \"ncnn\"\ndevice = \"{device}\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\n{extra}\n",
         dir.join("model.ncnn.param").display(),
         dir.join("tokenizer.json").display()
     )
@@ -25,12 +29,24 @@ fn ncnn_on_cpu_and_vulkan_by_name_matches_onnxruntime() {
         minilm_dir().join("model.onnx").display(),
         minilm_dir().join("tokenizer.json").display()
     );
-    let config = [ort, entry("ncnn-cpu", "cpu"), entry("ncnn-vulkan", "vulkan:llvmpipe"), entry("by-index", "vulkan:0"), entry("absent", "vulkan:GeForce GTX 1080")].concat();
+    // The fixture texts go in one request, so each ncnn model packs several
+    // sequences into one run (128 tokens a run on the CPU, 512 on Vulkan);
+    // "-alone" runs each sequence by itself.
+    let config = [
+        ort,
+        entry("ncnn-cpu", "cpu"),
+        entry("ncnn-vulkan", "vulkan:llvmpipe"),
+        entry_with("ncnn-vulkan-alone", "vulkan:llvmpipe", "pack_tokens = 1"),
+        entry("by-index", "vulkan:0"),
+        entry("absent", "vulkan:GeForce GTX 1080"),
+    ]
+    .concat();
     let server = Server::start(Some(&config), &[]);
     let texts = fixture_texts();
     let (_, want) = server.post("/v1/embeddings", &json!({"model": "ort", "input": texts}));
     let want = common::vectors(&want);
-    for id in ["ncnn-cpu", "ncnn-vulkan"] {
+    let mut by_id = std::collections::HashMap::new();
+    for id in ["ncnn-cpu", "ncnn-vulkan", "ncnn-vulkan-alone"] {
         let (status, got) = server.post("/v1/embeddings", &json!({"model": id, "input": texts}));
         assert_eq!(status, 200, "{id}: {got}");
         let got = common::vectors(&got);
@@ -38,7 +54,14 @@ fn ncnn_on_cpu_and_vulkan_by_name_matches_onnxruntime() {
         let health = server.model_health(id);
         println!("{id}: {} texts, min cosine to ONNX Runtime {worst:.8}; device {}, layers on the device {}", texts.len(), health["device"], health["accelerated_layers"]);
         assert!(worst >= 0.9999, "{id}: min cosine {worst}");
+        by_id.insert(id, got);
     }
+    let packed_vs_alone =
+        by_id["ncnn-vulkan"].iter().zip(&by_id["ncnn-vulkan-alone"]).map(|(p, a)| cosine(p, &as_f64(a))).fold(1.0f64, f64::min);
+    println!("Vulkan, packed vs each sequence alone: min cosine {packed_vs_alone:.8}");
+    assert!(packed_vs_alone >= 0.99999, "packing changed the vectors: min cosine {packed_vs_alone}");
+    let devices = server.get("/health").1["devices"]["vulkan"].clone();
+    assert!(devices.as_array().unwrap().iter().any(|d| d["name"].as_str().unwrap().contains("llvmpipe")), "/health devices: {devices}");
     let vulkan = server.model_health("ncnn-vulkan");
     assert!(vulkan["device"].as_str().unwrap().starts_with("vulkan:llvmpipe"), "{vulkan}");
     assert!(vulkan["accelerated_layers"]["on_device"].as_u64().unwrap() > 0, "no layer reached Vulkan: {vulkan}");

@@ -9,9 +9,9 @@ mod plan;
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use eeane_backend_core::{EngineError, EngineInfo, EngineLoader, EngineOutput, EngineSpec, InputShapes, TokenBatch};
 use tokio::sync::oneshot;
@@ -96,6 +96,19 @@ impl Drop for EngineWorker {
     }
 }
 
+/// Engine threads that hold (or are loading) an engine.
+static ENGINE_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Waits, up to `limit`, until every engine thread has dropped its engine. The
+/// process should not exit before: a runtime's static destructors (ncnn's GPU
+/// instance) must not run while an engine still holds what they free.
+pub fn wait_for_engines(limit: Duration) {
+    let until = Instant::now() + limit;
+    while ENGINE_THREADS.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A device thread: loads its engine, then runs the batches it is sent.
 struct Device {
     work: mpsc::Sender<Work>,
@@ -105,9 +118,18 @@ struct Device {
 fn start_device(name: &str, index: usize, loader: EngineLoader, spec: EngineSpec, pipeline: Pipeline, events: mpsc::Sender<Event>) -> Result<Device, EngineError> {
     let (work, queue) = mpsc::channel::<Work>();
     let (ready_tx, ready_rx) = mpsc::channel();
+    ENGINE_THREADS.fetch_add(1, Ordering::SeqCst);
     std::thread::Builder::new()
         .name(format!("engine-{name}-{index}"))
         .spawn(move || {
+            // Counts this thread down however it ends.
+            struct Alive;
+            impl Drop for Alive {
+                fn drop(&mut self) {
+                    ENGINE_THREADS.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            let _alive = Alive;
             let mut engine = match loader(&spec) {
                 Ok(engine) => engine,
                 Err(e) => {
@@ -126,7 +148,10 @@ fn start_device(name: &str, index: usize, loader: EngineLoader, spec: EngineSpec
             drop(engine);
             release_freed_memory();
         })
-        .map_err(|e| EngineError::Runtime(format!("cannot start the engine thread: {e}")))?;
+        .map_err(|e| {
+            ENGINE_THREADS.fetch_sub(1, Ordering::SeqCst);
+            EngineError::Runtime(format!("cannot start the engine thread: {e}"))
+        })?;
     let info = ready_rx.recv().map_err(|_| EngineError::Runtime("the engine thread died while loading".into()))??;
     Ok(Device { work, info })
 }

@@ -83,6 +83,7 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
         "status": "ok",
         "version": env!("CARGO_PKG_VERSION"),
         "pending_requests": app.service.pending(),
+        "devices": crate::engines::visible_devices(),
         "models": models,
     })))
 }

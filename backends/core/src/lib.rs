@@ -18,8 +18,8 @@ pub struct TokenBatch {
     pub token_type_ids: Option<Vec<i64>>,
     pub batch: usize,
     pub seq: usize,
-    /// The real (unpadded) length of each row: engines that run one sequence at a
-    /// time at its natural length use it to skip the padding.
+    /// The real (unpadded) length of each row: engines that run rows at their
+    /// natural lengths use it to skip the padding.
     pub lengths: Vec<usize>,
 }
 
@@ -62,8 +62,9 @@ pub enum InputShapes {
     Dynamic,
     /// Only these `(batch, seq)` shapes, compiled ahead (OpenVINO static shapes, Core ML).
     Fixed(Vec<(usize, usize)>),
-    /// One sequence at a time at its natural length (ncnn on Vulkan).
-    OneAtNaturalLength,
+    /// Any batch; the engine runs each row at its natural length, never padded
+    /// (ncnn, which packs rows side by side), so padding costs nothing.
+    NaturalLengths,
 }
 
 /// An engine's description of itself, reported in /health and logs.

@@ -49,9 +49,27 @@ void eeane_ncnn_gpu_release() {
 
 // --- nets -----------------------------------------------------------------
 
+// A net with allocators of its own, so that what a long run took can be given
+// back (ncnn's device-wide pools keep every buffer they ever made until the
+// GPU instance goes: seed 000 saw 1,961 MiB held after one long request).
 struct EeaneNet {
     ncnn::Net net;
     std::mutex lock;
+    ncnn::UnlockedPoolAllocator blob_pool;
+    ncnn::PoolAllocator workspace_pool;
+#if NCNN_VULKAN
+    ncnn::VkBlobAllocator *blob_vk = nullptr;
+    ncnn::VkBlobAllocator *workspace_vk = nullptr;
+    ncnn::VkStagingAllocator *staging_vk = nullptr;
+#endif
+    ~EeaneNet() {
+        net.clear();
+#if NCNN_VULKAN
+        delete blob_vk;
+        delete workspace_vk;
+        delete staging_vk;
+#endif
+    }
 };
 
 // A net on the CPU (gpu < 0) or on Vulkan device `gpu`, with fp16 storage,
@@ -65,10 +83,20 @@ void *eeane_ncnn_net_load(int gpu, int fp16, int threads, const char *param, con
     n->net.opt.use_fp16_arithmetic = fp16 != 0;
     n->net.opt.use_bf16_storage = false;
     if (threads > 0) n->net.opt.num_threads = threads;
+    n->net.opt.blob_allocator = &n->blob_pool;
+    n->net.opt.workspace_allocator = &n->workspace_pool;
 #if NCNN_VULKAN
     if (gpu >= 0) {
         n->net.opt.use_vulkan_compute = true;
         n->net.set_vulkan_device(gpu);
+        const ncnn::VulkanDevice *vkdev = n->net.vulkan_device();
+        if (!vkdev) { delete n; return nullptr; }
+        n->blob_vk = new ncnn::VkBlobAllocator(vkdev);
+        n->workspace_vk = new ncnn::VkBlobAllocator(vkdev);
+        n->staging_vk = new ncnn::VkStagingAllocator(vkdev);
+        n->net.opt.blob_vkallocator = n->blob_vk;
+        n->net.opt.workspace_vkallocator = n->workspace_vk;
+        n->net.opt.staging_vkallocator = n->staging_vk;
     } else {
         n->net.opt.use_vulkan_compute = false;
     }
@@ -95,16 +123,32 @@ int eeane_ncnn_vulkan_layers(void *handle, int *total) {
     return on;
 }
 
-// Runs one sequence of `len` token ids at its own length (positions 0..len-1,
-// mask all ones) and writes its token states, len x dim floats, into out
-// (capacity cap floats). Returns dim, or a negative error.
-int eeane_ncnn_run(void *handle, const int *ids, int len, float *out, long cap) {
+// Runs `nseg` sequences packed side by side into one row of `total` tokens
+// (ids back to back, segment lengths in seg_lens): positions restart at 0 in
+// each segment and the [total x total] mask lets a token attend only within
+// its own segment, so each sequence computes exactly as if it ran alone, at
+// its own length, with no padding. Writes the token states, total x dim
+// floats, into out (capacity cap floats). Returns dim, or a negative error.
+int eeane_ncnn_run(void *handle, const int *ids, const int *seg_lens, int nseg, float *out, long cap) {
     EeaneNet *n = static_cast<EeaneNet *>(handle);
+    int total = 0;
+    for (int s = 0; s < nseg; s++) {
+        if (seg_lens[s] <= 0) return -1;
+        total += seg_lens[s];
+    }
+    if (total <= 0) return -1;
     // Mats that own their memory: the mask's first operation runs in place.
-    ncnn::Mat in_ids(len, (size_t)4u), in_pos(len, (size_t)4u), in_mask(len, (size_t)4u);
+    ncnn::Mat in_ids(total, (size_t)4u), in_pos(total, (size_t)4u), in_mask(total, total, (size_t)4u);
     int *pid = (int *)in_ids.data, *ppos = (int *)in_pos.data;
-    float *pmask = (float *)in_mask.data;
-    for (int i = 0; i < len; i++) { pid[i] = ids[i]; ppos[i] = i; pmask[i] = 1.f; }
+    in_mask.fill(0.f);
+    for (int s = 0, at = 0; s < nseg; at += seg_lens[s], s++) {
+        for (int i = 0; i < seg_lens[s]; i++) {
+            pid[at + i] = ids[at + i];
+            ppos[at + i] = i;
+            float *row = in_mask.row(at + i);
+            for (int j = 0; j < seg_lens[s]; j++) row[at + j] = 1.f;
+        }
+    }
     ncnn::Mat states;
     {
         std::lock_guard<std::mutex> guard(n->lock);
@@ -112,11 +156,25 @@ int eeane_ncnn_run(void *handle, const int *ids, int len, float *out, long cap) 
         if (ex.input("in0", in_ids) || ex.input("in1", in_pos) || ex.input("in2", in_mask)) return -2;
         if (ex.extract("out0", states) != 0) return -3;
     }
-    if (states.dims != 2 || states.h != len) return -4;
+    if (states.dims != 2 || states.h != total) return -4;
     int dim = states.w;
-    if ((long)len * dim > cap) return -5;
-    for (int r = 0; r < len; r++) std::memcpy(out + (size_t)r * dim, states.row(r), sizeof(float) * dim);
+    if ((long)total * dim > cap) return -5;
+    for (int r = 0; r < total; r++) std::memcpy(out + (size_t)r * dim, states.row(r), sizeof(float) * dim);
     return dim;
+}
+
+// Gives back the buffers the net's allocators keep for reuse (host and
+// device); the next run allocates afresh. Call between runs.
+void eeane_ncnn_trim(void *handle) {
+    EeaneNet *n = static_cast<EeaneNet *>(handle);
+    std::lock_guard<std::mutex> guard(n->lock);
+    n->blob_pool.clear();
+    n->workspace_pool.clear();
+#if NCNN_VULKAN
+    if (n->blob_vk) n->blob_vk->clear();
+    if (n->workspace_vk) n->workspace_vk->clear();
+    if (n->staging_vk) n->staging_vk->clear();
+#endif
 }
 
 void eeane_ncnn_net_free(void *handle) {

@@ -12,7 +12,7 @@
 use std::ffi::{c_char, c_int, c_long, c_void, CStr, CString};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, TokenBatch};
 
@@ -21,7 +21,8 @@ type GpuInfo = unsafe extern "C" fn(c_int, *mut c_char, c_int) -> c_int;
 type GpuRelease = unsafe extern "C" fn();
 type NetLoad = unsafe extern "C" fn(c_int, c_int, c_int, *const c_char, *const c_char) -> *mut c_void;
 type VulkanLayers = unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int;
-type Run = unsafe extern "C" fn(*mut c_void, *const c_int, c_int, *mut f32, c_long) -> c_int;
+type Run = unsafe extern "C" fn(*mut c_void, *const c_int, *const c_int, c_int, *mut f32, c_long) -> c_int;
+type Trim = unsafe extern "C" fn(*mut c_void);
 type NetFree = unsafe extern "C" fn(*mut c_void);
 
 struct Shim {
@@ -31,6 +32,7 @@ struct Shim {
     net_load: NetLoad,
     vulkan_layers: VulkanLayers,
     run: Run,
+    trim: Trim,
     net_free: NetFree,
     // Kept last: the function pointers above point into it.
     _library: libloading::Library,
@@ -39,6 +41,20 @@ struct Shim {
 static SHIM: OnceLock<Result<Arc<Shim>, String>> = OnceLock::new();
 /// Nets alive on a Vulkan device; when the last goes, the GPU instance goes too.
 static GPU_NETS: AtomicUsize = AtomicUsize::new(0);
+/// Held while the GPU instance may be created or destroyed (device listing,
+/// net load, net free), so that a release never races a load.
+static GPU_LOCK: Mutex<()> = Mutex::new(());
+/// The Vulkan devices seen when the shim was first opened, for /health.
+static DEVICES: OnceLock<Vec<(String, &'static str)>> = OnceLock::new();
+
+/// Destroys the GPU instance when no net uses it (listing devices creates it).
+/// Call with GPU_LOCK held.
+fn release_gpu_if_unused(shim: &Shim) {
+    if GPU_NETS.load(Ordering::SeqCst) == 0 {
+        // SAFETY: no net is alive on any Vulkan device.
+        unsafe { (shim.gpu_release)() };
+    }
+}
 
 fn shim(path: &Path) -> Result<Arc<Shim>, EngineError> {
     SHIM.get_or_init(|| {
@@ -60,6 +76,7 @@ fn shim(path: &Path) -> Result<Arc<Shim>, EngineError> {
                 net_load: sym!(b"eeane_ncnn_net_load"),
                 vulkan_layers: sym!(b"eeane_ncnn_vulkan_layers"),
                 run: sym!(b"eeane_ncnn_run"),
+                trim: sym!(b"eeane_ncnn_trim"),
                 net_free: sym!(b"eeane_ncnn_net_free"),
                 _library: library,
             }))
@@ -69,13 +86,26 @@ fn shim(path: &Path) -> Result<Arc<Shim>, EngineError> {
     .map_err(EngineError::Runtime)
 }
 
-/// Opens the shim (and ncnn); a missing one shows at start-up.
+/// Opens the shim (and ncnn), and lists the Vulkan devices once for /health;
+/// a missing shim shows at start-up.
 pub fn open(path: &Path) -> Result<String, EngineError> {
-    shim(path).map(|_| "ncnn".to_string())
+    let shim = shim(path)?;
+    if DEVICES.get().is_none() {
+        let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let devices = vulkan_devices(path)?;
+        release_gpu_if_unused(&shim);
+        let _ = DEVICES.set(devices);
+    }
+    Ok("ncnn".to_string())
 }
 
-/// The Vulkan devices ncnn sees: (name, kind).
-pub fn vulkan_devices(path: &Path) -> Result<Vec<(String, &'static str)>, EngineError> {
+/// The Vulkan devices seen when ncnn was first opened (None before that).
+pub fn visible_devices() -> Option<Vec<(String, &'static str)>> {
+    DEVICES.get().cloned()
+}
+
+/// The Vulkan devices ncnn sees: (name, kind). Creates the GPU instance.
+fn vulkan_devices(path: &Path) -> Result<Vec<(String, &'static str)>, EngineError> {
     let shim = shim(path)?;
     // SAFETY: plain calls into the shim.
     let count = unsafe { (shim.gpu_count)() };
@@ -130,25 +160,38 @@ pub struct NcnnEngine {
     net: *mut c_void,
     on_gpu: bool,
     info: EngineInfo,
-    /// Reused output buffer (tokens x dim).
+    /// Sequences are packed side by side into runs of at most this many tokens.
+    pack_tokens: usize,
+    /// Reused buffers: packed ids, segment lengths, token states (tokens x dim).
+    ids: Vec<c_int>,
+    segments: Vec<c_int>,
     states: Vec<f32>,
 }
+
+/// Tokens per packed run when the model does not say: on a GPU one dispatch
+/// per layer for many sequences is what makes it fast; on a CPU the packed
+/// run's attention grows with the square of its length, so less is packed.
+const PACK_TOKENS_GPU: usize = 512;
+const PACK_TOKENS_CPU: usize = 128;
 
 // SAFETY: the net is used by one thread at a time (the engine's own); the shim
 // also serialises calls on a net.
 unsafe impl Send for NcnnEngine {}
 
 /// Options: `precision` = "fp16" turns fp16 storage, packing and arithmetic on
-/// (off by default: seed 000), `forbidden_devices` = newline-separated names.
+/// (off by default: seed 000), `forbidden_devices` = newline-separated names,
+/// `pack_tokens` = tokens per packed run (1 runs each sequence alone).
 pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let library = spec.runtime_library.as_deref().ok_or_else(|| EngineError::Runtime("no ncnn shim configured".into()))?;
     let shim = shim(library)?;
     let forbidden: Vec<String> = spec.options.get("forbidden_devices").map(|s| s.lines().map(str::to_string).collect()).unwrap_or_default();
-    let device = resolve_device(library, &spec.device, &forbidden)?;
+    let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let device = resolve_device(library, &spec.device, &forbidden).inspect_err(|_| release_gpu_if_unused(&shim))?;
     let fp16 = spec.options.get("precision").is_some_and(|v| matches!(v.to_lowercase().as_str(), "fp16" | "f16"));
     let param = spec.model_path.clone();
     let bin = param.with_extension("bin");
     if !param.is_file() || !bin.is_file() {
+        release_gpu_if_unused(&shim);
         return Err(EngineError::Model(format!("{} and {} must both exist", param.display(), bin.display())));
     }
     let (param_c, bin_c) = (
@@ -159,6 +202,7 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     // SAFETY: valid C strings; the shim returns null on failure.
     let net = unsafe { (shim.net_load)(gpu, fp16 as c_int, spec.threads as c_int, param_c.as_ptr(), bin_c.as_ptr()) };
     if net.is_null() {
+        release_gpu_if_unused(&shim);
         return Err(EngineError::Model(format!("ncnn cannot load {} / {}", param.display(), bin.display())));
     }
     if gpu >= 0 {
@@ -171,14 +215,21 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         engine: "ncnn".into(),
         device: device.as_ref().map_or("cpu".into(), |(_, name)| format!("vulkan:{name}")),
         precision: if fp16 { "fp16".into() } else { "fp32".into() },
-        shapes: InputShapes::OneAtNaturalLength,
+        shapes: InputShapes::NaturalLengths,
         takes_token_type_ids: false,
         seq_multiple: 1,
         accelerated_layers: Some((on_vulkan.max(0) as usize, total.max(0) as usize)),
         runtime_version: Some("ncnn 1.0.20261020".into()),
     };
-    tracing::info!(device = %info.device, vulkan_layers = on_vulkan, layers = total, "ncnn: loaded");
-    Ok(Box::new(NcnnEngine { shim, net, on_gpu: gpu >= 0, info, states: Vec::new() }))
+    let pack_tokens = match spec.options.get("pack_tokens").map(|v| v.parse::<usize>()) {
+        // The config refuses 0; anything unreadable runs each sequence alone.
+        Some(Ok(n)) => n.max(1),
+        Some(Err(_)) => 1,
+        None if gpu >= 0 => PACK_TOKENS_GPU,
+        None => PACK_TOKENS_CPU,
+    };
+    tracing::info!(device = %info.device, vulkan_layers = on_vulkan, layers = total, pack_tokens, "ncnn: loaded");
+    Ok(Box::new(NcnnEngine { shim, net, on_gpu: gpu >= 0, info, pack_tokens, ids: Vec::new(), segments: Vec::new(), states: Vec::new() }))
 }
 
 impl Engine for NcnnEngine {
@@ -186,28 +237,60 @@ impl Engine for NcnnEngine {
         &self.info
     }
 
-    /// Each row at its own length; the rows' states are laid into a padded
-    /// `[batch, seq, dim]` block whose padding rows stay zero (pooling reads
-    /// only the first `length` rows).
+    /// Every row at its own length, never padded: consecutive rows are packed
+    /// side by side into runs of at most `pack_tokens` tokens (a longer row
+    /// runs alone), each row attending only to itself. The states are laid into
+    /// a padded `[batch, seq, dim]` block whose padding stays zero (pooling
+    /// reads only each row's first `length` rows).
     fn run(&mut self, batch: &TokenBatch) -> Result<EngineOutput, EngineError> {
         let mut out: Vec<f32> = Vec::new();
         let mut dim = 0usize;
-        for (r, &len) in batch.lengths.iter().enumerate() {
-            let ids: Vec<c_int> = batch.input_ids[r * batch.seq..r * batch.seq + len].iter().map(|&i| i as c_int).collect();
-            let cap = len * 4096;
+        let mut first = 0;
+        while first < batch.batch {
+            // Rows first..end form one packed run.
+            let (mut end, mut tokens) = (first + 1, batch.lengths[first]);
+            while end < batch.batch && tokens + batch.lengths[end] <= self.pack_tokens {
+                tokens += batch.lengths[end];
+                end += 1;
+            }
+            self.ids.clear();
+            self.segments.clear();
+            for r in first..end {
+                let len = batch.lengths[r];
+                self.ids.extend(batch.input_ids[r * batch.seq..r * batch.seq + len].iter().map(|&i| i as c_int));
+                self.segments.push(len as c_int);
+            }
+            let cap = tokens * 4096;
             self.states.resize(cap, 0.0);
-            // SAFETY: ids and states are valid for len and cap elements.
-            let d = unsafe { (self.shim.run)(self.net, ids.as_ptr(), len as c_int, self.states.as_mut_ptr(), cap as c_long) };
+            // SAFETY: ids holds `tokens` ids, segments `end - first` lengths summing
+            // to it, and states `cap` floats.
+            let d = unsafe {
+                (self.shim.run)(self.net, self.ids.as_ptr(), self.segments.as_ptr(), self.segments.len() as c_int, self.states.as_mut_ptr(), cap as c_long)
+            };
             if d <= 0 {
-                return Err(EngineError::Inference(format!("ncnn failed on a sequence of {len} tokens (code {d})")));
+                return Err(EngineError::Inference(format!("ncnn failed on {} sequence(s) of {tokens} tokens (code {d})", end - first)));
             }
             let d = d as usize;
             if out.is_empty() {
                 dim = d;
                 out = vec![0.0; batch.batch * batch.seq * dim];
             }
-            let row = r * batch.seq * dim;
-            out[row..row + len * dim].copy_from_slice(&self.states[..len * dim]);
+            let mut at = 0;
+            for r in first..end {
+                let len = batch.lengths[r];
+                let row = r * batch.seq * dim;
+                out[row..row + len * dim].copy_from_slice(&self.states[at * dim..(at + len) * dim]);
+                at += len;
+            }
+            // A run longer than the packing budget (one long sequence) leaves
+            // buffers of its size in the allocators: give them back, so that one
+            // long request does not hold memory for the life of the model.
+            if tokens > self.pack_tokens {
+                // SAFETY: the net is live and no run is in flight on it.
+                unsafe { (self.shim.trim)(self.net) };
+                self.states = Vec::new();
+            }
+            first = end;
         }
         Ok(EngineOutput::Hidden { data: out, batch: batch.batch, seq: batch.seq, dim })
     }
@@ -215,12 +298,14 @@ impl Engine for NcnnEngine {
 
 impl Drop for NcnnEngine {
     fn drop(&mut self) {
+        let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the net is live and dropped once.
         unsafe { (self.shim.net_free)(self.net) };
         // The last Vulkan net takes the GPU instance with it, so the driver's
         // memory goes back (seed 000 saw it held for the process's life).
-        if self.on_gpu && GPU_NETS.fetch_sub(1, Ordering::SeqCst) == 1 {
-            unsafe { (self.shim.gpu_release)() };
+        if self.on_gpu {
+            GPU_NETS.fetch_sub(1, Ordering::SeqCst);
+            release_gpu_if_unused(&self.shim);
         }
     }
 }
