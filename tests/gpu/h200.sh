@@ -12,9 +12,10 @@ mkdir -p "$OUT" "$root/bin" "$root/lib" "$root/model" "$root/cache"
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-if [ -f $nvidia_icd ] && ! ls /usr/share/vulkan/icd.d/nvidia*.json /etc/vulkan/icd.d/nvidia*.json >/dev/null 2>&1; then
-  export VK_DRIVER_FILES=$nvidia_icd
-fi
+# The driver's own manifest (the device README's advice; without it the loader
+# found no driver there: vkCreateInstance -9).
+[ -f $nvidia_icd ] && export VK_DRIVER_FILES=$nvidia_icd
+ls /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/nvidia/share/vulkan/icd.d 2>&1 | head -20 > "$OUT/icd.txt"
 py=${PYTHON:-python3}
 xz -dc .h200/eeane.xz > "$root/bin/eeane" && chmod +x "$root/bin/eeane"
 xz -dc .h200/libncnn.so.1.xz > "$root/lib/libncnn.so.1"
