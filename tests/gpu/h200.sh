@@ -15,16 +15,17 @@ nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 # The driver's own manifest (the device README's advice; without it the loader
 # found no driver there: vkCreateInstance -9).
 [ -f $nvidia_icd ] && export VK_DRIVER_FILES=$nvidia_icd
-ls /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/nvidia/share/vulkan/icd.d 2>&1 | head -20 > "$OUT/icd.txt"
+echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-} LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 py=${PYTHON:-python3}
 xz -dc .h200/eeane.xz > "$root/bin/eeane" && chmod +x "$root/bin/eeane"
 xz -dc .h200/libncnn.so.1.xz > "$root/lib/libncnn.so.1"
 cp .h200/libeeane_ncnn.so .h200/libgomp.so.1 "$root/lib/"
 cp .h200/model/* "$root/model/"
-export LD_LIBRARY_PATH=$root/lib EEANE_CACHE_DIR=$root/cache
+# Keep the images own LD_LIBRARY_PATH: the drivers libraries are found through it.
+export LD_LIBRARY_PATH=$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} EEANE_CACHE_DIR=$root/cache
 eeane=$root/bin/eeane
 vram() { echo "$1: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1) MiB" | tee -a "$OUT/vram.txt"; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
 
 model() {  # id, extra lines
   printf '[[models]]\nid = "%s"\nengine = "ncnn"\nmodel = "%s/model/model.ncnn.param"\ntokenizer = "%s/model/tokenizer.json"\nmax_tokens = 512\nmax_batch = 128\nmax_batch_tokens = 65536\n%b\n' "$1" "$root" "$root" "$2"
@@ -45,8 +46,13 @@ cp "$root/h200.toml" "$OUT/"
 vram "at rest, no eeane"
 "$eeane" serve --config "$root/h200.toml" > "$OUT/server.log" 2>&1 &
 server=$!
-for _ in $(seq 60); do curl -sf localhost:7997/health > "$OUT/health_start.json" && break; sleep 1; done
+for _ in $(seq 60); do curl -sf localhost:7997/health -o /dev/null && break; sleep 1; done
 vram "eeane up, no model loaded"
+if ! curl -s localhost:7997/health | grep -q "$gpu"; then
+  echo "no Vulkan device named $gpu:"; curl -s localhost:7997/health | head -c 300; echo
+  tail -5 "$OUT/server.log"; cat "${VK_DRIVER_FILES:-/dev/null}"; ls /usr/local/nvidia/lib64 2>&1 | grep -i -E "glx|vulkan" | head
+  kill -TERM $server; exit 1
+fi
 embed() { curl -s localhost:7997/v1/embeddings -H 'content-type: application/json' -d "$1" -o /dev/null -w "%{http_code} %{time_total}s\n"; }
 embed '{"model":"minilm-h200","input":"hello"}'
 vram "minilm-h200 loaded (one short request)"
@@ -57,7 +63,7 @@ vram "after a 512-token request"
 for _ in $(seq 30); do sleep 1; curl -s localhost:7997/health | grep -q '"id":"minilm-h200"[^}]*"state":"unloaded"' && break; done
 sleep 1
 vram "after unload (keep_alive 3 s)"
-curl -s localhost:7997/health > "$OUT/health_unloaded.json"
+curl -s localhost:7997/health | python3 -c 'import json,sys; h=json.load(sys.stdin); print("devices:", h["devices"]); print([(m["id"], m["state"], m["counters"]["loads"], m["counters"]["unloads"]) for m in h["models"]][:1])'
 
 # Fidelity, device pinned by name: packed (512 tokens a run) and each text alone.
 $py tests/gpu/fidelity.py http://127.0.0.1:7997 .h200/reference.json minilm-h200 minilm-h200-alone > "$OUT/fidelity.json"
@@ -66,7 +72,7 @@ kill -TERM $server; wait $server
 vram "server stopped"
 
 # Throughput: one sequence per run (the baseline), then packed, and several nets.
-bench() { echo "== $*"; timeout 240 "$eeane" bench --config "$root/h200.toml" "$@" --json "$OUT/bench_$2.json" 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model"; }
+bench() { echo "== $*"; timeout 240 "$eeane" bench --config "$root/h200.toml" "$@" 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model"; }
 {
   bench --model minilm-h200-alone --texts $((texts / 10)) --batch 32
   for m in minilm-h200 minilm-h200-p2048 minilm-h200-x2 minilm-h200-x2-p2048 minilm-h200-x4-p2048; do
