@@ -17,9 +17,9 @@ cp "$lib/libeeane_ncnn.so" /usr/lib/x86_64-linux-gnu/libgomp.so.1 .h200/
 "$cache/venv/bin/python" models/prepare.py all-minilm-l6-v2-ncnn-w16
 cp "$cache"/models/all-minilm-l6-v2-ncnn-w16/{model.ncnn.param,model.ncnn.bin,tokenizer.json,manifest.json} .h200/model/
 "$cache/venv/bin/python" tests/gpu/make_reference.py .h200/reference.json 600
-if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+if ! ls .gl/libglvnd0_*.deb >/dev/null 2>&1; then
   mkdir -p /tmp/amd64/partial
   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
-  apt-get $o update -qq && (cd .gl && apt-get $o download libvulkan1)
+  apt-get $o update -qq && (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 fi
 du -sh .h200 .gl
