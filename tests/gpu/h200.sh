@@ -38,7 +38,6 @@ model() {  # id, extra lines
   model minilm-h200-p2048 "device = $d\npack_tokens = 2048"
   model minilm-h200-x2 "device = [$d, $d]"
   model minilm-h200-x2-p2048 "device = [$d, $d]\npack_tokens = 2048"
-  model minilm-h200-x4-p2048 "device = [$d, $d, $d, $d]\npack_tokens = 2048"
 } > "$root/h200.toml"
 cp "$root/h200.toml" "$OUT/"
 
@@ -72,10 +71,10 @@ kill -TERM $server; wait $server
 vram "server stopped"
 
 # Throughput: one sequence per run (the baseline), then packed, and several nets.
-bench() { echo "== $*"; timeout 240 "$eeane" bench --config "$root/h200.toml" "$@" 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model"; }
+bench() { echo "== $*"; timeout 120 "$eeane" bench --config "$root/h200.toml" "$@" 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model"; }
 {
   bench --model minilm-h200-alone --texts $((texts / 10)) --batch 32
-  for m in minilm-h200 minilm-h200-p2048 minilm-h200-x2 minilm-h200-x2-p2048 minilm-h200-x4-p2048; do
+  for m in minilm-h200 minilm-h200-p2048 minilm-h200-x2 minilm-h200-x2-p2048; do
     bench --model $m --texts "$texts" --batch 128
   done
 } 2>&1 | tee "$OUT/bench.txt"
