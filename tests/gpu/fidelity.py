@@ -1,7 +1,7 @@
 """Fidelity of a served model against reference vectors (make_reference.py),
 over HTTP: every text's cosine to ONNX Runtime.
 
-    python3 tests/gpu/fidelity.py URL REFERENCE.json MODEL [MODEL_ALONE] > report.json
+    python3 tests/gpu/fidelity.py URL REFERENCE.json MODEL [MODEL_ALONE [fp32|fp16]] > report.json
 
 MODEL is sent the texts 64 to a request (so the engine packs them); when
 MODEL_ALONE (the same file with pack_tokens = 1) is given, it gets them too
@@ -44,12 +44,15 @@ def main():
     alone = sys.argv[4] if len(sys.argv) > 4 else None
     decode = lambda rows: [np.frombuffer(base64.b64decode(r), "<f4").astype(np.float64) for r in rows]
     texts = reference["texts"]
+    # Which weights the served file holds: its manifest says (fp32 or fp16).
+    weights = sys.argv[5] if len(sys.argv) > 5 else "fp16"
     got = embed(url, model, texts)
     report = {
         "model": model,
+        "weights": weights,
         "texts": len(texts),
         "tokens": {"min": min(reference["tokens"]), "max": max(reference["tokens"])},
-        "vs_onnxruntime_same_weights": summary(cosines(got, decode(reference["fp16_weights"]))),
+        "vs_onnxruntime_same_weights": summary(cosines(got, decode(reference["fp32" if weights == "fp32" else "fp16_weights"]))),
         "vs_onnxruntime_fp32_weights": summary(cosines(got, decode(reference["fp32"]))),
     }
     if alone:

@@ -21,6 +21,15 @@ xz -dc .h200/eeane.xz > "$root/bin/eeane" && chmod +x "$root/bin/eeane"
 xz -dc .h200/libncnn.so.1.xz > "$root/lib/libncnn.so.1"
 cp .h200/libeeane_ncnn.so .h200/libgomp.so.1 "$root/lib/"
 cp .h200/model/* "$root/model/"
+# The fp32 model is over what one call may carry: an earlier call on the same
+# machine leaves the first part of its .bin in /tmp/eeane-bin.part1 (pack.sh --fp32).
+if [ -f "$root/model/model.ncnn.bin.part2" ]; then
+  cat /tmp/eeane-bin.part1 "$root/model/model.ncnn.bin.part2" > "$root/model/model.ncnn.bin" || exit 1
+  rm "$root/model/model.ncnn.bin.part2"
+  sha256sum "$root/model/model.ncnn.bin"
+fi
+weights=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["source"]["weights"])' "$root/model/manifest.json")
+echo "model weights: $weights"
 # Keep the images own LD_LIBRARY_PATH: the drivers libraries are found through it.
 export LD_LIBRARY_PATH=$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} EEANE_CACHE_DIR=$root/cache
 eeane=$root/bin/eeane
@@ -65,13 +74,16 @@ vram "after unload (keep_alive 3 s)"
 curl -s localhost:7997/health | python3 -c 'import json,sys; h=json.load(sys.stdin); print("devices:", h["devices"]); print([(m["id"], m["state"], m["counters"]["loads"], m["counters"]["unloads"]) for m in h["models"]][:1])'
 
 # Fidelity, device pinned by name: packed (512 tokens a run) and each text alone.
-$py tests/gpu/fidelity.py http://127.0.0.1:7997 .h200/reference.json minilm-h200 minilm-h200-alone > "$OUT/fidelity.json"
+$py tests/gpu/fidelity.py http://127.0.0.1:7997 .h200/reference.json minilm-h200 minilm-h200-alone "$weights" > "$OUT/fidelity.json"
 echo "fidelity exit $?"; head -c 1500 "$OUT/fidelity.json"; echo
 kill -TERM $server; wait $server
 vram "server stopped"
 
 # Throughput: one sequence per run (the baseline), then packed, and several nets.
 bench() { echo "== $*"; timeout 120 "$eeane" bench --config "$root/h200.toml" "$@" 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model"; }
+if [ -n "${EEANE_GPU_QUICK:-}" ]; then
+  bench --model minilm-h200-x2 --texts "$texts" --batch 128 | tee "$OUT/bench.txt"; vram "end"; exit 0
+fi
 {
   bench --model minilm-h200-alone --texts $((texts / 10)) --batch 32
   for m in minilm-h200 minilm-h200-p2048 minilm-h200-x2 minilm-h200-x2-p2048; do
