@@ -662,7 +662,7 @@ def convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, fp16_weight
     with ncnn itself (CPU, fp32 arithmetic) against ONNX Runtime on an ONNX
     graph of the same weights, each sequence alone and packed; refuses to
     publish below cosine 0.9999. `fp16_weights` stores the weights as fp16
-    (half the file and VRAM; ncnn widens them to fp32 on load)."""
+    (half the file; ncnn widens them to fp32 on load, so not the VRAM)."""
     import onnx
     import onnxruntime as ort
     import numpy as np
