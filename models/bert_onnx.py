@@ -39,7 +39,7 @@ def roberta_positions(weights, cfg):
     return {**weights, name: weights[name][offset:]}
 
 
-def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False):
+def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False, cls_head=None):
     p = _prefix(weights)
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
@@ -123,7 +123,15 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
         gelu = node("Mul", [node("Mul", [h, half]), node("Add", [node("Erf", [node("Div", [h, sqrt2])]), one])])
         x = layer_norm(node("Add", [linear(gelu, lp + ".output.dense"), x]), lp + ".output.LayerNorm")
 
-    if pooled:
+    if cls_head is not None:
+        # A cross-encoder's score: the first ([CLS]) token's state through a
+        # linear head, logits [B, 1].
+        w, b = cls_head
+        cls_state = node("Gather", [x, const("zero_index", np.array(0, np.int64))], axis=1)
+        logit = node("MatMul", [cls_state, const("head_w", np.asarray(w, np.float32).reshape(hidden, 1))])
+        nodes.append(helper.make_node("Add", [logit, const("head_b", np.asarray(b, np.float32).reshape(1))], ["logits"]))
+        output = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1])
+    elif pooled:
         # Mask-mean over real tokens, then L2: sum(x * m) / sum(m), x / max(|x|, 1e-12).
         weights_m = node("Unsqueeze", [mask_f, const("axes_2", np.array([2], np.int64))])
         summed = node("ReduceSum", [node("Mul", [x, weights_m]), "one_i64_axes"], keepdims=0)

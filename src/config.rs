@@ -102,6 +102,8 @@ impl RuntimesConfig {
 pub enum ModelKind {
     #[default]
     Embedding,
+    /// A cross-encoder: scores a (query, document) pair; served on /rerank.
+    Reranker,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -205,6 +207,10 @@ pub struct ModelConfig {
     pub pooling: Pooling,
     #[serde(default = "yes")]
     pub normalize: bool,
+    /// An embedding model that also answers /rerank, by the cosine of the
+    /// query's and each document's vectors.
+    #[serde(default)]
+    pub rerank: bool,
     /// Longest input in tokens, special tokens included; longer inputs are truncated.
     pub max_tokens: usize,
     /// Numbering of a SentencePiece tokenizer's ids: raw | fairseq.
@@ -429,6 +435,17 @@ impl Config {
             }
             if m.buckets.iter().any(|b| b.max_tokens > m.max_tokens) {
                 return invalid(key("buckets"), format!("a bucket is longer than max_tokens = {}", m.max_tokens));
+            }
+            if m.kind == ModelKind::Reranker {
+                if m.pooling != Pooling::None {
+                    return invalid(key("pooling"), "a reranker's graph returns its score; set pooling = \"none\"".into());
+                }
+                if m.long_text != LongText::Truncate {
+                    return invalid(key("long_text"), "a reranker truncates the document; windows are for embeddings".into());
+                }
+                if m.rerank {
+                    return invalid(key("rerank"), "rerank = true is for embedding models; a reranker always reranks".into());
+                }
             }
             if m.pack_tokens == Some(0) {
                 return invalid(key("pack_tokens"), "must be at least 1 (1 runs each sequence alone)".into());

@@ -57,6 +57,10 @@ enum Command {
         /// Concurrent one-text requests.
         #[arg(long, default_value_t = 32)]
         parallel: usize,
+        /// Instead: a rerank model's documents/s, in process and over /rerank
+        /// (--texts documents, --batch per request, --clients at once).
+        #[arg(long)]
+        rerank: bool,
         /// Instead: each model of --model (comma-separated) on full batches of
         /// every one of its buckets, in process, as µs/text per bucket.
         #[arg(long)]
@@ -89,7 +93,27 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::CheckConfig => check_config(&config),
-        Command::Bench { model, texts, seed, batch, clients, parallel, buckets: true, json } => {
+        Command::Bench { model, texts, seed, batch, clients, parallel, rerank: true, json, .. } => {
+            let options = BenchOptions { model, texts, seed, batch, clients, parallel, json };
+            let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+            let result = runtime.block_on(eeane::bench::rerank::run(config, &options));
+            drop(runtime);
+            eeane::batcher::wait_for_engines(Duration::from_secs(30));
+            match result {
+                Ok(report) => {
+                    print!("{}", eeane::bench::rerank::table(&report, &options));
+                    if let Some(path) = &options.json {
+                        let _ = std::fs::write(path, serde_json::to_string_pretty(&report).expect("report serializes"));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("eeane bench --rerank: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Bench { model, texts, seed, batch, clients, parallel, buckets: true, json, .. } => {
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
             let ids = model.unwrap_or_else(|| config.models.first().map(|m| m.id.clone()).unwrap_or_default());
             let _ = (texts, seed, batch, clients, parallel);
@@ -110,7 +134,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Bench { model, texts, seed, batch, clients, parallel, buckets: false, json } => {
+        Command::Bench { model, texts, seed, batch, clients, parallel, buckets: false, json, .. } => {
             let options = BenchOptions { model, texts, seed, batch, clients, parallel, json };
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
             let result = runtime.block_on(eeane::bench::run(config, options.clone()));

@@ -76,10 +76,15 @@ impl LoadedModel {
             options,
             shapes: policy.buckets.iter().map(|b| (b.max_batch, b.max_tokens)).collect(),
         };
-        let pipeline = Pipeline { pooling: config.pooling, normalize: config.normalize, policy, pad_id: tokenizer.pad_id() };
+        // A reranker's output is a score: never normalized.
+        let normalize = config.normalize && config.kind == crate::config::ModelKind::Embedding;
+        let pipeline = Pipeline { pooling: config.pooling, normalize, policy, pad_id: tokenizer.pad_id() };
         let worker = EngineWorker::start(&config.id, loader, spec, pipeline).await?;
         let tokenizer = Arc::new(tokenizer);
-        let warm = vec![tokenizer.encode_truncated("eeane")?];
+        let warm = match config.kind {
+            crate::config::ModelKind::Embedding => vec![tokenizer.encode_truncated("eeane")?],
+            crate::config::ModelKind::Reranker => tokenizer.encode_pairs("eeane", &["eeane".to_string()], config.max_tokens)?,
+        };
         let dimensions = worker.embed(warm, None).await?[0].len();
         Ok(Self { config: config.clone(), tokenizer, worker, dimensions, load_ms: started.elapsed().as_millis() as u64 })
     }
@@ -112,7 +117,7 @@ impl LoadedModel {
             .into_iter()
             .map(|n| {
                 let window_vectors: Vec<Vec<f32>> = vectors.by_ref().take(n).collect();
-                crate::pooling::combine_windows(window_vectors, self.config.normalize)
+                crate::pooling::combine_windows(window_vectors, self.config.normalize && self.config.kind == crate::config::ModelKind::Embedding)
             })
             .collect();
         Ok(Embeddings { vectors, tokens })

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "tests/run.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
-EEANE_EXTRA_MODELS="all-minilm-l6-v2-int8 e5-small-enpt e5-small-enpt-int8 openvino e5-small-enpt-ov e5-small-enpt-int8-ov ncnn all-minilm-l6-v2-ncnn" bash models/setup.sh
+EEANE_EXTRA_MODELS="all-minilm-l6-v2-int8 e5-small-enpt e5-small-enpt-int8 openvino e5-small-enpt-ov e5-small-enpt-int8-ov ncnn all-minilm-l6-v2-ncnn minilm-reranker" bash models/setup.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0

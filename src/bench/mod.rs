@@ -8,6 +8,7 @@
 
 mod buckets;
 mod corpus;
+pub mod rerank;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

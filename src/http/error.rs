@@ -143,6 +143,7 @@ impl From<&ModelError> for ApiError {
                 .with_param(format!("input[{input}][{position}]"))
             }
             ModelError::Tokenize(e @ TokenizeError::Tokenizer(_)) => ApiError::invalid_request("tokenization_failed", e.to_string()).with_param("input"),
+            ModelError::Tokenize(e @ TokenizeError::QueryTooLong { .. }) => ApiError::invalid_request("query_too_long", e.to_string()).with_param("query"),
             ModelError::Engine(e @ EngineError::Inference(_)) => ApiError::engine_failed(e.to_string()),
             ModelError::Engine(e @ EngineError::Input(_)) => ApiError::unprocessable("unsupported_input", e.to_string()),
             ModelError::Engine(e) => ApiError::model_unavailable(e.to_string()),

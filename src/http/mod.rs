@@ -5,6 +5,7 @@ mod admin;
 pub mod error;
 mod health;
 mod openai;
+mod rerank;
 
 use std::sync::Arc;
 
@@ -29,7 +30,10 @@ pub struct AppState {
 /// /health's rate limit is per client address.
 pub fn router(state: AppState) -> Router {
     // Every endpoint answers with and without the /v1 prefix.
-    let api = Router::new().route("/embeddings", post(openai::embeddings)).route("/models", get(openai::models));
+    let api = Router::new()
+        .route("/embeddings", post(openai::embeddings))
+        .route("/rerank", post(rerank::rerank))
+        .route("/models", get(openai::models));
     Router::new()
         .merge(api.clone())
         .nest("/v1", api)

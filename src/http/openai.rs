@@ -173,6 +173,9 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
         .registry
         .find(request.model.as_deref())
         .ok_or_else(|| ApiError::model_not_found(request.model.as_deref().unwrap_or(""), &live.registry.ids()))?;
+    if slot.config.kind == crate::config::ModelKind::Reranker {
+        return Err(ApiError::invalid_request("not_an_embedding_model", format!("{:?} is a reranker: use /v1/rerank", slot.config.id)).with_param("model"));
+    }
     let _admitted = app.service.admit(&live).map_err(|o| {
         ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
     })?;

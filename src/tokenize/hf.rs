@@ -11,6 +11,7 @@ pub struct HfTokenizer {
     vocab_size: usize,
     pad_id: i64,
     specials: usize,
+    pair_specials: usize,
 }
 
 impl HfTokenizer {
@@ -23,7 +24,8 @@ impl HfTokenizer {
         inner.with_truncation(None).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
         let vocab_size = inner.get_vocab_size(true);
         let specials = inner.get_post_processor().map(|p| p.added_tokens(false)).unwrap_or(0);
-        Ok(Self { inner, vocab_size, pad_id, specials })
+        let pair_specials = inner.get_post_processor().map(|p| p.added_tokens(true)).unwrap_or(0);
+        Ok(Self { inner, vocab_size, pad_id, specials, pair_specials })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -48,16 +50,32 @@ impl HfTokenizer {
         u32::try_from(id).ok().filter(|&id32| (id32 as usize) < self.vocab_size && self.inner.id_to_token(id32).is_some())
     }
 
-    /// The model's special tokens around `content`, with its type ids.
-    pub fn wrap(&self, content: &[u32]) -> Result<Encoded, TokenizeError> {
+    /// Special tokens the post-processor adds to a pair of sequences.
+    pub fn pair_specials(&self) -> usize {
+        self.pair_specials
+    }
+
+    fn encoding(&self, content: &[u32], type_id: u32) -> Encoding {
         let tokens = content
             .iter()
             .map(|&id| Token::new(id, self.inner.id_to_token(id).unwrap_or_default(), (0, 0)))
             .collect();
-        let encoding = self
-            .inner
-            .post_process(Encoding::from_tokens(tokens, 0), None, true)
-            .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
+        Encoding::from_tokens(tokens, type_id)
+    }
+
+    /// The model's special tokens around `content`, with its type ids.
+    pub fn wrap(&self, content: &[u32]) -> Result<Encoded, TokenizeError> {
+        self.post_process(self.encoding(content, 0), None)
+    }
+
+    /// A pair as the model's template joins two sequences (BERT: `[CLS] a
+    /// [SEP] b [SEP]`, type ids 0 then 1).
+    pub fn wrap_pair(&self, first: &[u32], second: &[u32]) -> Result<Encoded, TokenizeError> {
+        self.post_process(self.encoding(first, 0), Some(self.encoding(second, 1)))
+    }
+
+    fn post_process(&self, first: Encoding, second: Option<Encoding>) -> Result<Encoded, TokenizeError> {
+        let encoding = self.inner.post_process(first, second, true).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
         Ok(Encoded {
             ids: encoding.get_ids().iter().map(|&i| i as i64).collect(),
             type_ids: encoding.get_type_ids().iter().map(|&i| i as i64).collect(),

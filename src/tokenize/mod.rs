@@ -16,6 +16,9 @@ pub enum Inputs {
     Texts(Vec<String>),
     /// Content token ids in the model's own vocabulary (its special tokens are added).
     TokenIds(Vec<Vec<i64>>),
+    /// A query and documents, each document joined to the query as one pair
+    /// (a cross-encoder's input).
+    Pairs { query: String, documents: Vec<String> },
 }
 
 /// One sequence ready for an engine.
@@ -31,6 +34,8 @@ pub enum TokenizeError {
     OutOfVocabulary { input: usize, position: usize, id: i64, vocab_size: usize },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error("the query is {query} tokens; with the model's {specials} special tokens that leaves no room for a document in its {max_tokens}")]
+    QueryTooLong { query: usize, specials: usize, max_tokens: usize },
 }
 
 enum Backend {
@@ -154,7 +159,35 @@ impl TextTokenizer {
                     self.split(&content)
                 })
                 .collect(),
+            Inputs::Pairs { query, documents } => {
+                let max_tokens = match self.split {
+                    Split::Truncate { max_tokens } => max_tokens,
+                    Split::Window { window, .. } => window,
+                };
+                Ok(self.encode_pairs(query, documents, max_tokens)?.into_iter().map(|e| vec![e]).collect())
+            }
         }
+    }
+
+    /// One sequence per (query, document) pair, joined by the model's pair
+    /// template, for a cross-encoder: the query is kept whole and each document
+    /// cut to what is left of `max_tokens` (as Hugging Face's `only_second`).
+    pub fn encode_pairs(&self, query: &str, documents: &[String], max_tokens: usize) -> Result<Vec<Encoded>, TokenizeError> {
+        let Backend::Hf(hf) = &self.backend else {
+            return Err(TokenizeError::Tokenizer("pairs need a tokenizer.json with a pair template; this model has a SentencePiece model".into()));
+        };
+        let query = hf.content(query)?;
+        let room = max_tokens.saturating_sub(query.len() + hf.pair_specials());
+        if room == 0 {
+            return Err(TokenizeError::QueryTooLong { query: query.len(), specials: hf.pair_specials(), max_tokens });
+        }
+        documents
+            .iter()
+            .map(|d| {
+                let document = hf.content(d)?;
+                hf.wrap_pair(&query, &document[..document.len().min(room)])
+            })
+            .collect()
     }
 
     /// One sequence per input, truncated whatever the model's long-text mode

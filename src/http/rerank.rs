@@ -1,0 +1,192 @@
+//! Infinity/Cohere-compatible `POST /rerank` (and `/v1/rerank`): a query and
+//! documents in, the documents' relevance out, best first. A cross-encoder
+//! (`kind = "reranker"`) scores each (query, document) pair; an embedding
+//! model with `rerank = true` scores by the cosine of their vectors.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::Json;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::openai::{parse_json, parse_keep_alive};
+use super::AppState;
+use crate::config::ModelKind;
+use crate::model::Inputs;
+
+#[derive(Debug, Deserialize)]
+pub struct RerankRequest {
+    pub model: Option<String>,
+    pub query: Option<String>,
+    /// Strings, or Cohere's `{"text": ...}` objects.
+    pub documents: Option<Vec<Value>>,
+    pub top_n: Option<i64>,
+    #[serde(default)]
+    pub return_documents: bool,
+    /// A cross-encoder's logits as they are, rather than through a sigmoid.
+    #[serde(default)]
+    pub raw_scores: bool,
+    pub keep_alive: Option<Value>,
+}
+
+#[derive(Serialize)]
+struct RerankResult {
+    index: usize,
+    relevance_score: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    document: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct RerankResponse {
+    object: &'static str,
+    model: String,
+    results: Vec<RerankResult>,
+    usage: Usage,
+    id: String,
+    created: u64,
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let norm = |v: &[f32]| v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+    let denominator = norm(a) * norm(b);
+    if denominator > 0.0 {
+        dot / denominator
+    } else {
+        0.0
+    }
+}
+
+fn documents(values: Option<Vec<Value>>, max: usize) -> Result<Vec<String>, ApiError> {
+    let values = values.ok_or_else(|| ApiError::invalid_request("missing_documents", "documents is required").with_param("documents"))?;
+    if values.is_empty() {
+        return Err(ApiError::invalid_request("empty_documents", "documents is an empty list").with_param("documents"));
+    }
+    if values.len() > max {
+        return Err(ApiError::too_large("too_many_documents", format!("{} documents; at most {max} per request (server.max_inputs)", values.len()))
+            .with_param("documents"));
+    }
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Value::String(s) if !s.is_empty() => Ok(s),
+            Value::Object(mut o) => match o.remove("text") {
+                Some(Value::String(s)) if !s.is_empty() => Ok(s),
+                _ => Err(ApiError::invalid_request("empty_document", format!("documents[{i}].text must be a non-empty string")).with_param(format!("documents[{i}]"))),
+            },
+            Value::String(_) => Err(ApiError::invalid_request("empty_document", format!("documents[{i}] is empty")).with_param(format!("documents[{i}]"))),
+            _ => Err(ApiError::unprocessable("invalid_type", format!("documents[{i}] must be a string or an object with a text field"))
+                .with_param(format!("documents[{i}]"))),
+        })
+        .collect()
+}
+
+pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
+    let live = app.service.live();
+    let request: RerankRequest = parse_json(body)?;
+    let query = match request.query {
+        Some(q) if !q.is_empty() => q,
+        Some(_) => return Err(ApiError::invalid_request("empty_query", "query is empty").with_param("query")),
+        None => return Err(ApiError::invalid_request("missing_query", "query is required").with_param("query")),
+    };
+    let docs = documents(request.documents, live.config.server.max_inputs)?;
+    let top_n = match request.top_n {
+        None => docs.len(),
+        Some(n) if n >= 1 => (n as usize).min(docs.len()),
+        Some(_) => return Err(ApiError::invalid_request("invalid_top_n", "top_n must be at least 1").with_param("top_n")),
+    };
+    let keep_alive = parse_keep_alive(request.keep_alive)?;
+    let slot = match request.model.as_deref() {
+        Some(name) => live.registry.find(Some(name)).ok_or_else(|| ApiError::model_not_found(name, &live.registry.ids()))?,
+        None => live.registry.default_reranker().ok_or_else(|| {
+            ApiError::invalid_request("no_rerank_model", "no model here reranks: add a kind = \"reranker\" entry, or rerank = true on an embedding entry")
+                .with_param("model")
+        })?,
+    };
+    let cross_encoder = slot.config.kind == ModelKind::Reranker;
+    if !cross_encoder && !slot.config.rerank {
+        return Err(ApiError::invalid_request(
+            "not_a_reranker",
+            format!("{:?} is an embedding model: use /v1/embeddings, or set rerank = true on its entry to rank by cosine", slot.config.id),
+        )
+        .with_param("model"));
+    }
+    let _admitted = app.service.admit(&live).map_err(|o| {
+        ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
+    })?;
+    let inputs = if cross_encoder {
+        Inputs::Pairs { query, documents: docs.clone() }
+    } else {
+        Inputs::Texts(std::iter::once(query).chain(docs.iter().cloned()).collect())
+    };
+    let result = app.service.embed(&live, slot, inputs, keep_alive, live.deadline()).await.map_err(|e| {
+        let mut error = ApiError::from(e);
+        // Pairs and texts are tokenized as "input"; here they are the documents.
+        if error.param.as_deref() == Some("input") {
+            error.param = Some("documents".into());
+        }
+        error
+    })?;
+    let scores: Vec<f64> = if cross_encoder {
+        result.vectors.iter().map(|v| v.first().copied().unwrap_or(f32::NAN) as f64).map(|x| if request.raw_scores { x } else { sigmoid(x) }).collect()
+    } else {
+        result.vectors[1..].iter().map(|d| cosine(&result.vectors[0], d)).collect()
+    };
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    let results = order
+        .into_iter()
+        .take(top_n)
+        .map(|index| RerankResult { index, relevance_score: scores[index], document: request.return_documents.then(|| docs[index].clone()) })
+        .collect();
+    let tokens = result.tokens;
+    let response = RerankResponse {
+        object: "rerank",
+        model: slot.config.id.clone(),
+        results,
+        usage: Usage { prompt_tokens: tokens, total_tokens: tokens },
+        id: format!("rerank-{:032x}", rand::rng().random::<u128>()),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+    };
+    Ok(Json(response))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_take_strings_and_cohere_objects_and_refuse_the_rest() {
+        let got = documents(Some(vec![Value::from("a"), serde_json::json!({"text": "b"})]), 10).unwrap();
+        assert_eq!(got, ["a", "b"]);
+        assert_eq!(documents(Some(vec![]), 10).unwrap_err().code, "empty_documents");
+        assert_eq!(documents(None, 10).unwrap_err().code, "missing_documents");
+        assert_eq!(documents(Some(vec![Value::from("a"); 3]), 2).unwrap_err().code, "too_many_documents");
+        assert_eq!(documents(Some(vec![Value::from(1)]), 2).unwrap_err().param.as_deref(), Some("documents[0]"));
+    }
+
+    #[test]
+    fn sigmoid_and_cosine() {
+        assert!((sigmoid(0.0) - 0.5).abs() < 1e-12);
+        assert!((cosine(&[1.0, 0.0], &[2.0, 0.0]) - 1.0).abs() < 1e-12);
+        assert_eq!(cosine(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
+    }
+}
