@@ -1,6 +1,6 @@
 //! Layered configuration: built-in defaults < TOML file < `EEANE_*` environment < CLI flags.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -257,6 +257,17 @@ pub struct ModelConfig {
     /// small machine they steal the cores tokenization and HTTP need).
     #[serde(default)]
     pub spin: bool,
+    /// Core ML: sequence length -> compiled model (.mlmodelc). Unset: `model` is
+    /// a directory of eeANE's compiled-model cache, read from its model_info.json.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub artifacts: BTreeMap<String, ConfigPath>,
+    /// Core ML: sequence length -> batch-2 compiled model (two inputs of that
+    /// bucket in one call); each bucket needs an `artifacts` entry too.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub batch_artifacts: BTreeMap<String, ConfigPath>,
+    /// Core ML compute units: cpu_and_ne (default), cpu_only, cpu_and_gpu, all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_units: Option<String>,
     /// ncnn: most tokens of sequences packed side by side into one run; unset
     /// takes the engine's default (512 on Vulkan, 128 on the CPU), 1 runs each
     /// sequence alone.
@@ -446,6 +457,22 @@ impl Config {
                 if m.rerank {
                     return invalid(key("rerank"), "rerank = true is for embedding models; a reranker always reranks".into());
                 }
+            }
+            if !m.batch_artifacts.is_empty() && m.artifacts.is_empty() {
+                return invalid(key("batch_artifacts"), "needs an explicit artifacts table beside it".into());
+            }
+            if let Some(units) = &m.compute_units {
+                if !matches!(units.as_str(), "cpu_and_ne" | "cpu_only" | "cpu_and_gpu" | "all") {
+                    return invalid(key("compute_units"), format!("{units:?}: use cpu_and_ne, cpu_only, cpu_and_gpu or all"));
+                }
+            }
+            for (bucket, table) in m.artifacts.keys().map(|b| (b, "artifacts")).chain(m.batch_artifacts.keys().map(|b| (b, "batch_artifacts"))) {
+                if !bucket.trim().parse::<usize>().is_ok_and(|n| n > 0) {
+                    return invalid(key(table), format!("key {bucket:?} is not a positive sequence length"));
+                }
+            }
+            if let Some(orphan) = m.batch_artifacts.keys().find(|b| !m.artifacts.contains_key(*b)) {
+                return invalid(key("batch_artifacts"), format!("bucket {orphan} has no artifacts entry"));
             }
             if m.pack_tokens == Some(0) {
                 return invalid(key("pack_tokens"), "must be at least 1 (1 runs each sequence alone)".into());

@@ -9,6 +9,8 @@ pub const NAMES: &[&str] = &[
     "openvino",
     #[cfg(feature = "ncnn")]
     "ncnn",
+    #[cfg(feature = "coreml")]
+    "coreml",
 ];
 
 pub fn known(name: &str) -> bool {
@@ -23,6 +25,8 @@ pub fn loader(name: &str) -> Option<EngineLoader> {
         "openvino" => Some(eeane_backend_openvino::load),
         #[cfg(feature = "ncnn")]
         "ncnn" => Some(eeane_backend_ncnn::load),
+        #[cfg(feature = "coreml")]
+        "coreml" => Some(eeane_backend_coreml::load),
         _ => None,
     }
 }
@@ -36,6 +40,8 @@ pub fn open_runtime(name: &str, library: &std::path::Path) -> Result<String, Str
         "openvino" => eeane_backend_openvino::open(library).map_err(|e| e.to_string()),
         #[cfg(feature = "ncnn")]
         "ncnn" => eeane_backend_ncnn::open(library).map_err(|e| e.to_string()),
+        #[cfg(feature = "coreml")]
+        "coreml" => eeane_backend_coreml::open(library).map_err(|e| e.to_string()),
         _ => {
             let _ = library;
             Err(format!("engine {name:?} is not compiled into this build"))
@@ -53,4 +59,14 @@ pub fn visible_devices() -> serde_json::Value {
         devices.insert("vulkan".into(), list.into());
     }
     devices.into()
+}
+
+/// Why an engine cannot run on this platform at all (not a missing file: the
+/// platform), for check-config; `None` where it can.
+pub fn platform_unavailable(name: &str) -> Option<&'static str> {
+    match name {
+        #[cfg(feature = "coreml")]
+        "coreml" => eeane_backend_coreml::unavailable(),
+        _ => None,
+    }
 }

@@ -159,6 +159,18 @@ fn main() -> ExitCode {
 }
 
 fn check_config(config: &Config) -> ExitCode {
+    // An engine this platform cannot run fails the check; at start-up only
+    // its models fail (resident ones stop the start, as any preflight does).
+    let unrunnable: Vec<String> = config
+        .models
+        .iter()
+        .filter(|m| m.policy(&config.server) != eeane::config::LoadPolicy::Disabled)
+        .filter_map(|m| eeane::engines::platform_unavailable(&m.engine).map(|why| format!("models {:?} (engine {:?}): {why}", m.id, m.engine)))
+        .collect();
+    if !unrunnable.is_empty() {
+        unrunnable.iter().for_each(|line| eprintln!("eeane: {line}"));
+        return ExitCode::from(EXIT_PREFLIGHT);
+    }
     for m in &config.models {
         for (what, path) in [("model", m.model.path()), ("tokenizer", m.tokenizer.path())] {
             if !path.exists() {

@@ -64,6 +64,16 @@ impl LoadedModel {
         if let Some(n) = config.pack_tokens {
             options.insert("pack_tokens".into(), n.to_string());
         }
+        // Core ML's artifact tables, as "bucket=path" lines.
+        for (name, table) in [("artifacts", &config.artifacts), ("batch_artifacts", &config.batch_artifacts)] {
+            if !table.is_empty() {
+                let lines: Vec<String> = table.iter().map(|(bucket, path)| format!("{bucket}={}", path.path().display())).collect();
+                options.insert(name.into(), lines.join("\n"));
+            }
+        }
+        if let Some(units) = &config.compute_units {
+            options.insert("compute_units".into(), units.clone());
+        }
         options.insert("forbidden_devices".into(), server.server.forbidden_devices.join("\n"));
         // OpenVINO's compile cache: a reload after a keep-alive unload skips compiling.
         options.insert("cache_dir".into(), server.cache_dir().join("compiled").join(&config.engine).to_string_lossy().into_owned());

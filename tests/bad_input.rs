@@ -88,3 +88,34 @@ fn api_key_guards_everything_but_health() {
     assert_eq!(status, 200);
     assert_eq!(server.get("/health").0, 200);
 }
+
+#[test]
+fn a_model_whose_output_is_not_finite_gets_a_500_naming_it_and_the_others_serve() {
+    // A real ONNX graph whose states are sqrt(8 - length): NaN past 8 tokens.
+    let dir = tempfile::tempdir().unwrap();
+    let graph = dir.path().join("nan.onnx");
+    let python = std::env::var_os("EEANE_PYTHON").map(std::path::PathBuf::from).unwrap_or_else(|| common::cache_dir().join("venv/bin/python"));
+    let made = std::process::Command::new(python)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/reference/nan_model.py"))
+        .arg(&graph)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let config = format!(
+        "[[models]]\nid = \"nan-model\"\nengine = \"onnxruntime\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 64\nnormalize = false\n{}",
+        graph.display(),
+        common::minilm_dir().join("tokenizer.json").display(),
+        common::model_entry("good", "all-minilm-l6-v2", "")
+    );
+    let server = Server::start(Some(&config), &[]);
+    let (status, body) = server.post("/v1/embeddings", &json!({"model": "nan-model", "input": "hello"}));
+    assert_eq!(status, 200, "short inputs are finite: {body}");
+    let (status, body) = server.post("/v1/embeddings", &json!({"model": "nan-model", "input": ["hello", "one two three four five six seven eight nine"]}));
+    assert_error(status, &body, 500, "engine_error", None);
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("nan-model") && message.contains("non-finite"), "{message}");
+    let (status, _) = server.post("/v1/embeddings", &json!({"model": "nan-model", "input": "hello"}));
+    assert_eq!(status, 200, "the model itself keeps serving");
+    let (status, _) = server.post("/v1/embeddings", &json!({"model": "good", "input": "hello"}));
+    assert_eq!(status, 200, "the other model keeps serving");
+}

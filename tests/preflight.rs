@@ -76,3 +76,36 @@ fn a_broken_on_demand_model_fails_its_requests_while_the_others_serve() {
         assert_eq!(server.embed(serde_json::json!("x"), serde_json::json!({"model": "good"})).len(), 1);
     }
 }
+
+#[test]
+fn a_core_ml_model_off_macos_fails_check_config_and_its_own_requests_while_the_others_serve() {
+    if cfg!(target_os = "macos") {
+        return;
+    }
+    let dir = common::minilm_dir();
+    let tokenizer = dir.join("tokenizer.json");
+    let coreml = format!(
+        "[[models]]\nid = \"ane\"\nengine = \"coreml\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 512\npooling = \"none\"\n\
+         artifacts = {{ \"128\" = \"s128.mlmodelc\", \"512\" = \"s512.mlmodelc\" }}\nbatch_artifacts = {{ \"128\" = \"s128_b2.mlmodelc\" }}\n",
+        dir.display(),
+        tokenizer.display()
+    );
+    let good = common::model_entry("good", "all-minilm-l6-v2", "");
+    let config = format!("{good}{coreml}");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &config).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_eeane")).arg("--config").arg(file.path()).arg("check-config").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("\"ane\"") && stderr.contains("needs macOS"), "{stderr}");
+    // Served: the Core ML model fails with the same reason; the other serves.
+    let server = common::Server::start(Some(&config), &[]);
+    let (status, body) = server.post("/v1/embeddings", &serde_json::json!({"input": "x", "model": "ane"}));
+    assert_eq!(status, 503, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("needs macOS"), "{body}");
+    assert_eq!(server.embed(serde_json::json!("x"), serde_json::json!({"model": "good"})).len(), 1);
+    // A resident one stops the start, as any preflight failure does.
+    let (code, stderr) = serve_with(&format!("{good}{}", coreml.replace("engine = \"coreml\"", "engine = \"coreml\"\nload_policy = \"resident\"")));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("needs macOS"), "{stderr}");
+}

@@ -118,6 +118,7 @@ struct Device {
 fn start_device(name: &str, index: usize, loader: EngineLoader, spec: EngineSpec, pipeline: Pipeline, events: mpsc::Sender<Event>) -> Result<Device, EngineError> {
     let (work, queue) = mpsc::channel::<Work>();
     let (ready_tx, ready_rx) = mpsc::channel();
+    let model = name.to_string();
     ENGINE_THREADS.fetch_add(1, Ordering::SeqCst);
     std::thread::Builder::new()
         .name(format!("engine-{name}-{index}"))
@@ -138,8 +139,9 @@ fn start_device(name: &str, index: usize, loader: EngineLoader, spec: EngineSpec
                 }
             };
             let _ = ready_tx.send(Ok(engine.info().clone()));
+            let who = format!("model {model:?} ({} on {})", engine.info().engine, engine.info().device);
             for Work { batch, items } in queue {
-                let result = catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, &pipeline)))
+                let result = catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, &pipeline, &who)))
                     .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
                 if events.send(Event::Done { device: index, items, result }).is_err() {
                     break;
@@ -365,7 +367,9 @@ fn token_batch(pipeline: &Pipeline, active: &HashMap<u64, Active>, planned: &Pla
     batch
 }
 
-fn pool_output(output: EngineOutput, batch: &TokenBatch, pipeline: &Pipeline) -> Result<Vec<Vec<f32>>, EngineError> {
+/// Pools an engine's output into one vector per row; `who` names the model and
+/// engine in the error a non-finite output gets.
+fn pool_output(output: EngineOutput, batch: &TokenBatch, pipeline: &Pipeline, who: &str) -> Result<Vec<Vec<f32>>, EngineError> {
     let mut vectors: Vec<Vec<f32>> = match (output, pipeline.pooling) {
         (EngineOutput::Pooled { data, dim, .. }, Pooling::None) => data.chunks_exact(dim).map(<[f32]>::to_vec).collect(),
         (EngineOutput::Hidden { data, seq, dim, .. }, pooling @ (Pooling::Mean | Pooling::Cls)) => data
@@ -380,9 +384,16 @@ fn pool_output(output: EngineOutput, batch: &TokenBatch, pipeline: &Pipeline) ->
             return Err(EngineError::Model("the graph returns token states, but the model is configured with pooling = \"none\"".into()))
         }
     };
-    // A NaN or infinity is never a vector the model means: fail loudly instead.
+    // A NaN or infinity is never a vector the model means: fail loudly instead,
+    // whatever the engine (on Core ML it is the sign that the Neural Engine is
+    // not really in use: seed 004).
     if let Some(row) = vectors.iter().position(|v| v.iter().any(|x| !x.is_finite())) {
-        return Err(EngineError::Inference(format!("the engine produced a non-finite value for row {row} of a batch")));
+        return Err(EngineError::Inference(format!(
+            "{who} produced a non-finite value (NaN or infinity) for sequence {row} of a batch of {}, so nothing is returned. \
+             Likely causes: fp16 overflow (precision = \"fp16\"), a broken or mis-converted graph, or on Core ML the Neural \
+             Engine not really in use",
+            batch.batch
+        )));
     }
     if pipeline.normalize {
         vectors.iter_mut().for_each(|v| normalize(v));
