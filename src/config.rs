@@ -265,6 +265,10 @@ pub struct ModelConfig {
     /// bucket in one call); each bucket needs an `artifacts` entry too.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub batch_artifacts: BTreeMap<String, ConfigPath>,
+    /// Core ML: the graph's two input names, ids then mask (default
+    /// input_ids, attention_mask).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input_names: Vec<String>,
     /// Core ML compute units: cpu_and_ne (default), cpu_only, cpu_and_gpu, all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_units: Option<String>,
@@ -457,6 +461,9 @@ impl Config {
                 if m.rerank {
                     return invalid(key("rerank"), "rerank = true is for embedding models; a reranker always reranks".into());
                 }
+            }
+            if !m.input_names.is_empty() && m.input_names.len() != 2 {
+                return invalid(key("input_names"), "name two inputs: the ids', then the mask's".into());
             }
             if !m.batch_artifacts.is_empty() && m.artifacts.is_empty() {
                 return invalid(key("batch_artifacts"), "needs an explicit artifacts table beside it".into());

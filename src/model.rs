@@ -74,6 +74,9 @@ impl LoadedModel {
         if let Some(units) = &config.compute_units {
             options.insert("compute_units".into(), units.clone());
         }
+        if !config.input_names.is_empty() {
+            options.insert("input_names".into(), config.input_names.join(","));
+        }
         options.insert("forbidden_devices".into(), server.server.forbidden_devices.join("\n"));
         // OpenVINO's compile cache: a reload after a keep-alive unload skips compiling.
         options.insert("cache_dir".into(), server.cache_dir().join("compiled").join(&config.engine).to_string_lossy().into_owned());

@@ -9,6 +9,14 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --release --workspace --locked -- --nocapture 2>&1 | tee "$log" || status=$?
+# The Core ML engine's macOS part, type-checked for Apple Silicon (it cannot
+# run here): needs the target's standard library from rustup.
+if rustup target add aarch64-apple-darwin >/dev/null 2>&1; then
+  cargo check --locked --target aarch64-apple-darwin -p eeane-backend-coreml --tests 2>&1 | tail -n 2 || status=1
+  echo "Core ML engine (macOS part): type-checked for aarch64-apple-darwin"
+else
+  echo "Core ML engine (macOS part): NOT type-checked: rustup could not add the aarch64-apple-darwin target"
+fi
 # One closing line over all test binaries (cargo prints one per binary, the last often doc-tests with 0).
 awk '/^test result:/ { passed += $4; failed += $6 } END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"
 exit "$status"

@@ -6,13 +6,17 @@
 //! finding the artifacts (an explicit bucket -> path table, or a directory of
 //! eeANE's compiled-model cache with its `model_info.json`), choosing an
 //! input's bucket, and pairing inputs for the batch-2 artifacts. The part
-//! that calls Core ML needs macOS and is not written yet: on every platform
-//! `load` fails the model with a message saying so (README, "Core ML").
+//! that calls Core ML (`macos.rs`) is compiled on macOS only; CI type-checks
+//! it for aarch64-apple-darwin, but it has never run (README, "Core ML").
+//! Elsewhere a model naming this engine fails with "needs macOS".
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use eeane_backend_core::{Engine, EngineError, EngineSpec};
+
+#[cfg(target_os = "macos")]
+mod macos;
 
 /// The newest `model_info.json` format this reader understands.
 pub const MAX_MODEL_INFO_FORMAT: i64 = 2;
@@ -162,11 +166,29 @@ pub fn plan_calls(lengths: &[usize], buckets: &[usize], batch2: &[usize]) -> Vec
 
 /// Why this build cannot run Core ML, or `None` where it could.
 pub fn unavailable() -> Option<&'static str> {
-    Some(if cfg!(target_os = "macos") {
-        "the Core ML engine's macOS part is not written yet in this eeane (README, \"Core ML\")"
+    if cfg!(target_os = "macos") {
+        None
     } else {
-        "the Core ML engine needs macOS"
-    })
+        Some("the Core ML engine needs macOS")
+    }
+}
+
+/// The artifacts of a model entry: the `artifacts` / `batch_artifacts`
+/// options ("bucket=path" lines) when given, else the eeANE cache directory
+/// that `model` names.
+pub fn artifacts_of(spec: &EngineSpec) -> Result<Artifacts, String> {
+    let table = |name: &str| -> BTreeMap<String, PathBuf> {
+        spec.options
+            .get(name)
+            .map(|lines| lines.lines().filter_map(|l| l.split_once('=')).map(|(b, p)| (b.trim().to_string(), PathBuf::from(p.trim()))).collect())
+            .unwrap_or_default()
+    };
+    let (explicit, batch) = (table("artifacts"), table("batch_artifacts"));
+    if explicit.is_empty() {
+        from_cache_dir(&spec.model_path)
+    } else {
+        from_tables(&explicit, &batch)
+    }
 }
 
 /// Opens the runtime: fails everywhere this build cannot run Core ML.
@@ -177,9 +199,23 @@ pub fn open(_library: &Path) -> Result<String, EngineError> {
     }
 }
 
+/// Options: `artifacts`, `batch_artifacts` ("bucket=path" lines),
+/// `compute_units` (cpu_and_ne by default), `input_names` ("ids,mask").
 pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     open(&spec.model_path)?;
-    Err(EngineError::Runtime("unreachable: Core ML is unavailable".into()))
+    let artifacts = artifacts_of(spec).map_err(EngineError::Model)?;
+    #[cfg(target_os = "macos")]
+    {
+        let units = spec.options.get("compute_units").map_or("cpu_and_ne", String::as_str);
+        let names = spec.options.get("input_names").map_or("input_ids,attention_mask", String::as_str);
+        let (ids, mask) = names.split_once(',').unwrap_or(("input_ids", "attention_mask"));
+        macos::load(&artifacts, units, [ids.trim(), mask.trim()], spec.output.as_deref())
+    }
+    #[cfg(not(target_os = "macos"))]
+    {
+        let _ = artifacts;
+        Err(EngineError::Runtime("the Core ML engine needs macOS".into()))
+    }
 }
 
 #[cfg(test)]
