@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub graceful_shutdown_timeout: Option<u64>,
     /// GET /health requests per minute per client IP; 0 = no limit.
     pub health_rate_limit: u32,
+    /// Serve GET /metrics without the API key (for a scraper on a trusted network).
+    #[serde(default)]
+    pub metrics_public: bool,
     /// GPU names (or substrings) no model may use, whatever its entry says:
     /// the card driving the desktop, for one.
     #[serde(default)]

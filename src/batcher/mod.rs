@@ -140,9 +140,18 @@ fn start_device(name: &str, index: usize, loader: EngineLoader, spec: EngineSpec
             };
             let _ = ready_tx.send(Ok(engine.info().clone()));
             let who = format!("model {model:?} ({} on {})", engine.info().engine, engine.info().device);
+            let (rows, tokens, seconds) = (
+                metrics::histogram!("eeane_batch_rows", "model" => model.clone()),
+                metrics::histogram!("eeane_batch_tokens", "model" => model.clone()),
+                metrics::histogram!("eeane_inference_seconds", "model" => model.clone()),
+            );
             for Work { batch, items } in queue {
+                let started = Instant::now();
                 let result = catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, &pipeline, &who)))
                     .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
+                seconds.record(started.elapsed().as_secs_f64());
+                rows.record(batch.batch as f64);
+                tokens.record((batch.batch * batch.seq) as f64);
                 if events.send(Event::Done { device: index, items, result }).is_err() {
                     break;
                 }

@@ -4,6 +4,7 @@
 mod admin;
 pub mod error;
 mod health;
+mod metrics;
 mod openai;
 mod rerank;
 
@@ -39,22 +40,29 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1", api)
         .route("/health", get(health::health))
         .route("/v1/health", get(health::health))
+        .route("/metrics", get(metrics::metrics))
+        .route("/v1/metrics", get(metrics::metrics))
         .route("/admin/reload", post(admin::reload))
         .fallback(|uri: axum::http::Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .route_layer(middleware::from_fn(metrics::record_http))
         .layer(DefaultBodyLimit::max(state.service.live().config.server.max_request_bytes))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }
 
-/// With `api_key` set, every request but `GET /health` must carry it as a bearer token.
+/// With `api_key` set, every request but `GET /health` (and `GET /metrics`
+/// with `metrics_public`) must carry it as a bearer token.
 async fn require_api_key(State(app): State<AppState>, request: Request, next: Next) -> Response {
     let live = app.service.live();
     let Some(key) = live.config.server.api_key.as_deref().filter(|k| !k.is_empty()) else {
         return next.run(request).await;
     };
     if request.method() == Method::GET && matches!(request.uri().path(), "/health" | "/v1/health") {
+        return next.run(request).await;
+    }
+    if request.method() == Method::GET && live.config.server.metrics_public && matches!(request.uri().path(), "/metrics" | "/v1/metrics") {
         return next.run(request).await;
     }
     let presented = request

@@ -55,6 +55,9 @@ pub struct SlotCounters {
     pub coalesced: AtomicU64,
     pub loads: AtomicU64,
     pub unloads: AtomicU64,
+    /// Requests that ended in an error (a failed load, a timeout, a tokenizer
+    /// or engine error).
+    pub errors: AtomicU64,
 }
 
 struct Inner {
@@ -165,6 +168,7 @@ impl ModelSlot {
                 tracing::info!(model = %self.config.id, engine = %info.engine, device = %info.device,
                     dimensions = model.dimensions, load_ms = model.load_ms, "model loaded");
                 self.counters.loads.fetch_add(1, Ordering::Relaxed);
+                metrics::histogram!("eeane_model_load_seconds", "model" => self.config.id.clone()).record(model.load_ms as f64 / 1e3);
                 let mut inner = self.inner();
                 inner.state = SlotState::Loaded(model.clone());
                 inner.busy += 1;

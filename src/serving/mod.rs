@@ -135,12 +135,17 @@ impl Service {
             let result = lease.embed(inputs.clone(), deadline).await.map_err(Arc::new)?;
             Ok(Arc::new(result))
         };
-        if !live.config.server.coalesce_requests {
-            return work().await;
-        }
-        let (result, coalesced) = self.coalescer.run((slot.config.id.clone(), inputs.clone(), keep_alive), work).await;
-        if coalesced {
-            slot.counters.coalesced.fetch_add(1, Ordering::Relaxed);
+        let result = if !live.config.server.coalesce_requests {
+            work().await
+        } else {
+            let (result, coalesced) = self.coalescer.run((slot.config.id.clone(), inputs.clone(), keep_alive), work).await;
+            if coalesced {
+                slot.counters.coalesced.fetch_add(1, Ordering::Relaxed);
+            }
+            result
+        };
+        if result.is_err() {
+            slot.counters.errors.fetch_add(1, Ordering::Relaxed);
         }
         result
     }

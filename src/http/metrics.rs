@@ -1,0 +1,78 @@
+//! `GET /metrics`: Prometheus text, rendered by metrics-exporter-prometheus.
+//! Histograms (batch rows and tokens, inference and load seconds, HTTP
+//! latency) and HTTP counters are recorded where they happen; the per-model
+//! counters, loaded state, pending requests and process memory are read at
+//! scrape time from the registry and /proc, so they cannot drift.
+
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use super::AppState;
+use crate::registry::SlotState;
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// The process's recorder, installed on first use (one per process: the
+/// `metrics` facade has a single global recorder).
+pub fn handle() -> &'static PrometheusHandle {
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        // Another recorder already installed (a host program's) leaves ours unused but harmless.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// Counts every request by route and status, and times it.
+pub async fn record_http(request: Request, next: Next) -> Response {
+    handle();
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched".to_string(), |p| p.as_str().to_string());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("eeane_http_requests_total", "route" => route.clone(), "status" => status).increment(1);
+    metrics::histogram!("eeane_http_request_seconds", "route" => route).record(started.elapsed().as_secs_f64());
+    response
+}
+
+fn process_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+    let handle = handle();
+    let live = app.service.live();
+    metrics::gauge!("eeane_pending_requests").set(app.service.pending() as f64);
+    for slot in live.registry.slots() {
+        let id = slot.config.id.clone();
+        let c = &slot.counters;
+        for (name, value) in [
+            ("eeane_model_requests_total", &c.requests),
+            ("eeane_model_inferences_total", &c.inferences),
+            ("eeane_model_coalesced_total", &c.coalesced),
+            ("eeane_model_errors_total", &c.errors),
+            ("eeane_model_loads_total", &c.loads),
+            ("eeane_model_unloads_total", &c.unloads),
+        ] {
+            metrics::counter!(name, "model" => id.clone()).absolute(value.load(Ordering::Relaxed));
+        }
+        let loaded = matches!(slot.state(), SlotState::Loaded(_));
+        metrics::gauge!("eeane_model_loaded", "model" => id.clone()).set(if loaded { 1.0 } else { 0.0 });
+        metrics::gauge!("eeane_model_in_flight", "model" => id).set(slot.status().in_flight as f64);
+    }
+    for (name, field) in [("eeane_process_resident_bytes", "VmRSS:"), ("eeane_process_anonymous_bytes", "RssAnon:")] {
+        if let Some(kib) = process_kib(field) {
+            metrics::gauge!(name).set((kib * 1024) as f64);
+        }
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], handle.render())
+}
