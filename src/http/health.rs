@@ -49,6 +49,7 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
                     "coalesced": load(&c.coalesced),
                     "loads": load(&c.loads),
                     "unloads": load(&c.unloads),
+                    "errors": load(&c.errors),
                 },
             });
             if let SlotState::Loaded(model) = slot.state() {
