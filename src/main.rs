@@ -20,8 +20,17 @@ struct Cli {
     /// Config file (default: ./eeane.toml, then ~/.config/eeane/eeane.toml, then built-in defaults).
     #[arg(long, global = true, env = "EEANE_CONFIG")]
     config: Option<PathBuf>,
+    /// Log lines as text (default) or as JSON objects, for collectors.
+    #[arg(long, global = true, env = "EEANE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -74,12 +83,11 @@ enum Command {
 fn main() -> ExitCode {
     limit_malloc_arenas();
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("EEANE_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = || tracing_subscriber::EnvFilter::try_from_env("EEANE_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    match cli.log_format {
+        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).init(),
+        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter()).with_writer(std::io::stderr).init(),
+    }
     let overrides = || match &cli.command {
         Command::Serve { host, port } => CliOverrides { host: host.clone(), port: *port },
         _ => CliOverrides::default(),

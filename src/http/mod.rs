@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use subtle::ConstantTimeEq;
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
 use crate::serving::Service;
@@ -48,7 +49,12 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .route_layer(middleware::from_fn(metrics::record_http))
         .layer(DefaultBodyLimit::max(state.service.live().config.server.max_request_bytes))
+        .layer(middleware::from_fn(log_request))
         .layer(TraceLayer::new_for_http())
+        // Outermost: the id is set (from X-Request-Id, or made) before anything
+        // runs, and returned on every response, errors included.
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(RandomRequestId))
         .with_state(state)
 }
 
@@ -76,4 +82,45 @@ async fn require_api_key(State(app): State<AppState>, request: Request, next: Ne
     } else {
         ApiError::unauthorized().into_response()
     }
+}
+
+/// A request id for requests that bring no `X-Request-Id`: 16 random hex digits.
+#[derive(Clone, Copy)]
+struct RandomRequestId;
+
+impl MakeRequestId for RandomRequestId {
+    fn make_request_id<B>(&mut self, _request: &axum::http::Request<B>) -> Option<RequestId> {
+        let id = format!("{:016x}", rand::random::<u64>());
+        axum::http::HeaderValue::from_str(&id).ok().map(RequestId::new)
+    }
+}
+
+/// What a handler tells the request log about the work it did.
+#[derive(Clone, Debug, Default)]
+pub struct RequestSummary {
+    pub model: String,
+    pub inputs: usize,
+    pub tokens: usize,
+}
+
+/// One log line per request: id, method, path, model, inputs, tokens, status, latency.
+async fn log_request(request: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let id = request.extensions().get::<RequestId>().and_then(|id| id.header_value().to_str().ok()).unwrap_or("-").to_string();
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let response = next.run(request).await;
+    let summary = response.extensions().get::<RequestSummary>().cloned().unwrap_or_default();
+    tracing::info!(
+        target: "eeane::request",
+        id = %id,
+        method = %method,
+        path = %path,
+        model = %summary.model,
+        inputs = summary.inputs,
+        tokens = summary.tokens,
+        status = response.status().as_u16(),
+        latency_ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
+        "request"
+    );
+    response
 }

@@ -197,7 +197,7 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
         }
     }
     let format = request.encoding_format.unwrap_or_default();
-    let data = vectors
+    let data: Vec<EmbeddingData> = vectors
         .into_iter()
         .enumerate()
         .map(|(index, mut v)| {
@@ -214,13 +214,14 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
             EmbeddingData { object: "embedding", index, embedding }
         })
         .collect();
+    let summary = super::RequestSummary { model: slot.config.id.clone(), inputs: data.len(), tokens };
     let response = EmbeddingsResponse {
         object: "list",
         data,
         model: slot.config.id.clone(),
         usage: Usage { prompt_tokens: tokens, total_tokens: tokens },
     };
-    Ok(Json(response))
+    Ok((axum::Extension(summary), Json(response)))
 }
 
 pub async fn models(State(app): State<AppState>) -> Json<Value> {

@@ -158,6 +158,7 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
         .map(|index| RerankResult { index, relevance_score: scores[index], document: request.return_documents.then(|| docs[index].clone()) })
         .collect();
     let tokens = result.tokens;
+    let summary = super::RequestSummary { model: slot.config.id.clone(), inputs: docs.len(), tokens };
     let response = RerankResponse {
         object: "rerank",
         model: slot.config.id.clone(),
@@ -166,7 +167,7 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
         id: format!("rerank-{:032x}", rand::rng().random::<u128>()),
         created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
-    Ok(Json(response))
+    Ok((axum::Extension(summary), Json(response)))
 }
 
 #[cfg(test)]
