@@ -5,7 +5,6 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use eeane_backend_core::EngineError;
-use serde_json::json;
 
 use crate::model::ModelError;
 use crate::registry::AcquireError;
@@ -96,9 +95,27 @@ impl ApiError {
     }
 }
 
+/// The error body every endpoint answers with.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorResponse {
+    pub error: ErrorObject,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorObject {
+    pub message: String,
+    /// invalid_request_error, authentication_error, rate_limit_error or server_error.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The request field at fault, when one is.
+    pub param: Option<String>,
+    /// A stable, machine-readable code, e.g. `model_not_found`.
+    pub code: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
+        let body = ErrorResponse { error: ErrorObject { message: self.message, kind: self.kind.into(), param: self.param, code: self.code.into() } };
         let mut response = (self.status, Json(body)).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));

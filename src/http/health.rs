@@ -11,6 +11,8 @@ use super::error::ApiError;
 use super::AppState;
 use crate::registry::{KeepAlive, SlotState};
 
+/// Liveness and every model's state; open even with an API key, rate-limited per client.
+#[utoipa::path(get, path = "/health", tag = "operations", responses((status = 200, body = Object), (status = 429, body = super::error::ErrorResponse)))]
 pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> Result<Json<Value>, ApiError> {
     let live = app.service.live();
     if let Some(limiter) = &live.health_limiter {

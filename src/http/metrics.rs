@@ -48,6 +48,8 @@ fn process_kib(field: &str) -> Option<u64> {
     status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Prometheus text; behind the API key unless metrics_public.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, content_type = "text/plain", body = String)))]
 pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     let handle = handle();
     let live = app.service.live();

@@ -6,6 +6,7 @@ pub mod error;
 mod health;
 mod metrics;
 mod openai;
+pub mod openapi;
 mod rerank;
 
 use std::sync::Arc;
@@ -43,6 +44,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/health", get(health::health))
         .route("/metrics", get(metrics::metrics))
         .route("/v1/metrics", get(metrics::metrics))
+        .route("/openapi.json", get(openapi::openapi_json))
+        .route("/docs", get(openapi::docs))
         .route("/admin/reload", post(admin::reload))
         .fallback(|uri: axum::http::Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })

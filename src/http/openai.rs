@@ -18,21 +18,24 @@ use crate::registry::{KeepAlive, SlotState};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingsRequest {
+    /// A string, an array of strings, an array of token ids, or an array of token-id arrays.
+    #[schema(value_type = Object)]
     pub input: Option<Value>,
     pub model: Option<String>,
     pub encoding_format: Option<EncodingFormat>,
     pub dimensions: Option<usize>,
     /// How long the model stays loaded after this request (Ollama's field):
     /// seconds, or a duration such as "5m"; 0 unloads at once, negative never.
+    #[schema(value_type = Option<String>)]
     pub keep_alive: Option<Value>,
     /// Accepted for compatibility; unused.
     #[allow(dead_code)]
     pub user: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EncodingFormat {
     #[default]
@@ -40,31 +43,31 @@ pub enum EncodingFormat {
     Base64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
-enum EmbeddingValue {
+pub enum EmbeddingValue {
     Float(Vec<f32>),
     /// Little-endian f32 bytes, as openai-python requests by default.
     Base64(String),
 }
 
-#[derive(Serialize)]
-struct EmbeddingData {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct EmbeddingData {
     object: &'static str,
     index: usize,
     embedding: EmbeddingValue,
 }
 
-#[derive(Serialize)]
-struct EmbeddingsResponse {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct EmbeddingsResponse {
     object: &'static str,
     data: Vec<EmbeddingData>,
     model: String,
     usage: Usage,
 }
 
-#[derive(Serialize)]
-struct Usage {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Usage {
     prompt_tokens: usize,
     total_tokens: usize,
 }
@@ -162,6 +165,9 @@ pub fn parse_keep_alive(value: Option<Value>) -> Result<Option<KeepAlive>, ApiEr
     }))
 }
 
+/// OpenAI embeddings.
+#[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings", request_body = EmbeddingsRequest,
+    responses((status = 200, body = EmbeddingsResponse), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
 pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
     let live = app.service.live();
     let request: EmbeddingsRequest = parse_json(body)?;
@@ -224,6 +230,8 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
     Ok((axum::Extension(summary), Json(response)))
 }
 
+/// Every servable model, with its state.
+#[utoipa::path(get, path = "/v1/models", tag = "models", responses((status = 200, body = Object)))]
 pub async fn models(State(app): State<AppState>) -> Json<Value> {
     let live = app.service.live();
     let data: Vec<Value> = live

@@ -20,11 +20,12 @@ use super::AppState;
 use crate::config::ModelKind;
 use crate::model::Inputs;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct RerankRequest {
     pub model: Option<String>,
     pub query: Option<String>,
     /// Strings, or Cohere's `{"text": ...}` objects.
+    #[schema(value_type = Vec<Object>)]
     pub documents: Option<Vec<Value>>,
     pub top_n: Option<i64>,
     #[serde(default)]
@@ -32,25 +33,27 @@ pub struct RerankRequest {
     /// A cross-encoder's logits as they are, rather than through a sigmoid.
     #[serde(default)]
     pub raw_scores: bool,
+    #[schema(value_type = Option<String>)]
     pub keep_alive: Option<Value>,
 }
 
-#[derive(Serialize)]
-struct RerankResult {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct RerankResult {
     index: usize,
     relevance_score: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     document: Option<String>,
 }
 
-#[derive(Serialize)]
-struct Usage {
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = RerankUsage)]
+pub struct Usage {
     prompt_tokens: usize,
     total_tokens: usize,
 }
 
-#[derive(Serialize)]
-struct RerankResponse {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct RerankResponse {
     object: &'static str,
     model: String,
     results: Vec<RerankResult>,
@@ -99,6 +102,9 @@ fn documents(values: Option<Vec<Value>>, max: usize) -> Result<Vec<String>, ApiE
         .collect()
 }
 
+/// Infinity/Cohere rerank: the documents' relevance to the query, best first.
+#[utoipa::path(post, path = "/v1/rerank", tag = "rerank", request_body = RerankRequest,
+    responses((status = 200, body = RerankResponse), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
 pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
     let live = app.service.live();
     let request: RerankRequest = parse_json(body)?;
