@@ -191,6 +191,9 @@ fn check_config(config: &Config) -> ExitCode {
 }
 
 async fn serve(config: Config, config_flag: Option<PathBuf>, overrides: CliOverrides) -> ExitCode {
+    // Before any model loads (preflight): an engine thread takes its metric
+    // handles when it starts, and handles taken before the recorder record nothing.
+    eeane::http::install_metrics();
     let shutdown_timeout = config.server.graceful_shutdown_timeout.map(Duration::from_secs);
     let service = Arc::new(Service::new(config, config_flag, overrides));
     // Preflight: resident models load and answer before the port is bound.

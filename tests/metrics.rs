@@ -65,10 +65,13 @@ fn metrics_parse_and_move_with_traffic() {
 
 #[test]
 fn metrics_public_opens_only_metrics() {
-    let config = format!("[server]\napi_key = \"k\"\nmetrics_public = true\n{}", model_entry("m", "all-minilm-l6-v2", ""));
+    // Resident: the model loads (and runs its warm-up batch) before the first request.
+    let config = format!("[server]\napi_key = \"k\"\nmetrics_public = true\n{}", model_entry("m", "all-minilm-l6-v2", "load_policy = \"resident\""));
     let server = Server::start(Some(&config), &[]);
-    let (status, _) = scrape(&server, None);
+    let (status, scraped) = scrape(&server, None);
     assert_eq!(status, 200);
+    let warm_up = scraped.samples.iter().any(|s| s.metric == "eeane_batch_rows_count" && s.labels.get("model") == Some("m"));
+    assert!(warm_up, "the resident model's warm-up batch is counted");
     let (status, _) = server.post("/v1/embeddings", &json!({"input": "x"}));
     assert_eq!(status, 401);
 }

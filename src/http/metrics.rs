@@ -27,6 +27,13 @@ pub fn handle() -> &'static PrometheusHandle {
         let handle = recorder.handle();
         // Another recorder already installed (a host program's) leaves ours unused but harmless.
         let _ = metrics::set_global_recorder(recorder);
+        // Histogram samples wait in a buffer until drained; without a scraper
+        // nothing drains them, and the buffer would grow for the process's life.
+        let upkeep = handle.clone();
+        let _ = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_secs(5));
+            upkeep.run_upkeep();
+        });
         handle
     })
 }

@@ -32,6 +32,8 @@ pub struct AppState {
 /// The whole API. Serve it with `into_make_service_with_connect_info::<SocketAddr>()`:
 /// /health's rate limit is per client address.
 pub fn router(state: AppState) -> Router {
+    // The metrics recorder first: handles taken before it exists record nothing.
+    metrics::handle();
     // Every endpoint answers with and without the /v1 prefix.
     let api = Router::new()
         .route("/embeddings", post(openai::embeddings))
@@ -59,6 +61,11 @@ pub fn router(state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(RandomRequestId))
         .with_state(state)
+}
+
+/// Installs the metrics recorder (idempotent); `serve` calls it before models load.
+pub fn install_metrics() {
+    metrics::handle();
 }
 
 /// With `api_key` set, every request but `GET /health` (and `GET /metrics`
