@@ -186,7 +186,23 @@ async fn over_http(label: &'static str, name: &'static str, url: &str, model: &s
     })
 }
 
-pub async fn run(mut config: Config, options: BenchOptions) -> Result<Report, String> {
+/// The server, in this process, serving only `model` (resident, batches of
+/// `batch`), on a free loopback port; coalescing off so that repeated corpus
+/// texts are not answered for free. Returns its base URL, service and task.
+async fn serve_only(mut config: Config, model: &ModelConfig, batch: usize) -> Result<(String, Arc<Service>, tokio::task::JoinHandle<std::io::Result<()>>), String> {
+    config.models = vec![ModelConfig { load_policy: Some(LoadPolicy::Resident), max_batch: batch, ..model.clone() }];
+    config.server.coalesce_requests = false;
+    config.server.api_key = None;
+    let service = Arc::new(Service::new(config, None, Default::default()));
+    service.preflight().await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let url = format!("http://{}", listener.local_addr().map_err(|e| e.to_string())?);
+    let app = router(AppState { service: service.clone() }).into_make_service_with_connect_info::<SocketAddr>();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((url, service, server))
+}
+
+pub async fn run(config: Config, options: BenchOptions) -> Result<Report, String> {
     let model = match &options.model {
         Some(name) => config.models.iter().find(|m| m.names().any(|n| n == name)).ok_or_else(|| format!("no model {name:?} in the config"))?,
         None => config.models.iter().find(|m| m.policy(&config.server) != LoadPolicy::Disabled).ok_or("no servable model")?,
@@ -200,17 +216,7 @@ pub async fn run(mut config: Config, options: BenchOptions) -> Result<Report, St
     let arrival = ModelConfig { batch_order: BatchOrder::Arrival, buckets: Vec::new(), max_batch: options.batch, ..model.clone() };
     let (padded, _) = in_process("4 engine in-process, arrival order", "engine in-process (arrival order, pad to longest)", &arrival, &config, &texts).await?;
 
-    // The server, in this process, serving only this model; coalescing off so
-    // that repeated corpus texts are not answered for free.
-    config.models = vec![ModelConfig { load_policy: Some(LoadPolicy::Resident), max_batch: options.batch, ..model.clone() }];
-    config.server.coalesce_requests = false;
-    config.server.api_key = None;
-    let service = Arc::new(Service::new(config, None, Default::default()));
-    service.preflight().await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
-    let url = format!("http://{}", listener.local_addr().map_err(|e| e.to_string())?);
-    let app = router(AppState { service: service.clone() }).into_make_service_with_connect_info::<SocketAddr>();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (url, service, server) = serve_only(config, &model, options.batch).await?;
     let warm = Arc::new(texts[..texts.len().min(64)].to_vec());
     over_http("warm-up", "warm-up", &url, &model.id, &warm, 8, 2, &service, 0).await?;
     let bulk = over_http("2 server, bulk", "server over HTTP, bulk", &url, &model.id, &texts, options.batch, options.clients, &service, tokens).await?;

@@ -3,7 +3,6 @@
 //! whole corpus as one job) and the server's /rerank over HTTP (`batch`
 //! documents per request, `clients` at once), and their ratio.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,10 +11,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{corpus, percentile, BenchOptions};
-use crate::config::{Config, LoadPolicy, ModelConfig, ModelKind};
-use crate::http::{router, AppState};
+use crate::config::{Config, ModelConfig, ModelKind};
 use crate::model::{Inputs, LoadedModel};
-use crate::serving::Service;
 
 /// The query every document is scored against.
 const QUERY: &str = "how do I read a configuration file and handle a missing key";
@@ -39,7 +36,7 @@ fn inputs(model: &ModelConfig, documents: Vec<String>) -> Inputs {
     }
 }
 
-pub async fn run(mut config: Config, options: &BenchOptions) -> Result<RerankReport, String> {
+pub async fn run(config: Config, options: &BenchOptions) -> Result<RerankReport, String> {
     let model = match &options.model {
         Some(name) => config.models.iter().find(|m| m.names().any(|n| n == name)).ok_or_else(|| format!("no model {name:?} in the config"))?,
         None => config.models.iter().find(|m| m.kind == ModelKind::Reranker).or_else(|| config.models.iter().find(|m| m.rerank)).ok_or("no rerank model in the config")?,
@@ -58,15 +55,8 @@ pub async fn run(mut config: Config, options: &BenchOptions) -> Result<RerankRep
     let in_process = documents.len() as f64 / started.elapsed().as_secs_f64();
     drop(engine);
 
-    config.models = vec![ModelConfig { load_policy: Some(LoadPolicy::Resident), max_batch: options.batch, ..model.clone() }];
-    config.server.coalesce_requests = false;
-    config.server.api_key = None;
-    let service = Arc::new(Service::new(config, None, Default::default()));
-    service.preflight().await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
-    let url = format!("http://{}/rerank", listener.local_addr().map_err(|e| e.to_string())?);
-    let app = router(AppState { service: service.clone() }).into_make_service_with_connect_info::<SocketAddr>();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (base, _service, server) = super::serve_only(config, &model, options.batch).await?;
+    let url = format!("{base}/rerank");
     let chunks: Arc<Vec<Vec<String>>> = Arc::new(documents.chunks(options.batch).map(<[String]>::to_vec).collect());
     let next = Arc::new(AtomicUsize::new(0));
     let client = reqwest::Client::new();
