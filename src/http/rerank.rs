@@ -138,10 +138,13 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
     let _admitted = app.service.admit(&live).map_err(|o| {
         ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
     })?;
+    // The documents move into the inputs; a copy is kept only to return them.
+    let count = docs.len();
+    let returned = request.return_documents.then(|| docs.clone());
     let inputs = if cross_encoder {
-        Inputs::Pairs { query, documents: docs.clone() }
+        Inputs::Pairs { query, documents: docs }
     } else {
-        Inputs::Texts(std::iter::once(query).chain(docs.iter().cloned()).collect())
+        Inputs::Texts(std::iter::once(query).chain(docs).collect())
     };
     let result = app.service.embed(&live, slot, inputs, keep_alive, live.deadline()).await.map_err(|e| {
         let mut error = ApiError::from(e);
@@ -161,10 +164,10 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
     let results = order
         .into_iter()
         .take(top_n)
-        .map(|index| RerankResult { index, relevance_score: scores[index], document: request.return_documents.then(|| docs[index].clone()) })
+        .map(|index| RerankResult { index, relevance_score: scores[index], document: returned.as_ref().map(|d| d[index].clone()) })
         .collect();
     let tokens = result.tokens;
-    let summary = super::RequestSummary { model: slot.config.id.clone(), inputs: docs.len(), tokens };
+    let summary = super::RequestSummary { model: slot.config.id.clone(), inputs: count, tokens };
     let response = RerankResponse {
         object: "rerank",
         model: slot.config.id.clone(),

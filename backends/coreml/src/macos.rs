@@ -90,26 +90,9 @@ fn multi_array(rows: usize, seq: usize, values: &[i64]) -> Result<Retained<MLMul
     }
 }
 
-fn f16_to_f32(bits: u16) -> f32 {
-    let sign = ((bits >> 15) as u32) << 31;
-    let exponent = ((bits >> 10) & 0x1f) as u32;
-    let mantissa = (bits & 0x3ff) as u32;
-    let value = match exponent {
-        0 if mantissa == 0 => sign,
-        0 => {
-            // Subnormal: normalize it.
-            let mut e = 127 - 15 + 1;
-            let mut m = mantissa;
-            while m & 0x400 == 0 {
-                m <<= 1;
-                e -= 1;
-            }
-            sign | (e << 23) | ((m & 0x3ff) << 13)
-        }
-        0x1f => sign | 0x7f80_0000 | (mantissa << 13),
-        _ => sign | ((exponent + 127 - 15) << 23) | (mantissa << 13),
-    };
-    f32::from_bits(value)
+/// A float16 output value as f32 (exact: every half is a float).
+fn widen(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
 }
 
 /// The array's values in first-major order, whatever its strides, as f32.
@@ -132,7 +115,7 @@ fn read(array: &MLMultiArray) -> Result<(Vec<usize>, Vec<f32>), EngineError> {
             out.push(if kind == MLMultiArrayDataType::Float32 {
                 *(base as *const f32).add(offset)
             } else if kind == MLMultiArrayDataType::Float16 {
-                f16_to_f32(*(base as *const u16).add(offset))
+                widen(*(base as *const u16).add(offset))
             } else {
                 return Err(EngineError::Inference("Core ML output is neither float32 nor float16".into()));
             });
@@ -197,9 +180,9 @@ impl Engine for CoreMlEngine {
 mod tests {
     #[test]
     fn half_floats_widen_exactly() {
-        assert_eq!(super::f16_to_f32(0x3c00), 1.0);
-        assert_eq!(super::f16_to_f32(0xc000), -2.0);
-        assert_eq!(super::f16_to_f32(0x0001), 2f32.powi(-24));
-        assert!(super::f16_to_f32(0x7e00).is_nan());
+        assert_eq!(super::widen(0x3c00), 1.0);
+        assert_eq!(super::widen(0xc000), -2.0);
+        assert_eq!(super::widen(0x0001), 2f32.powi(-24));
+        assert!(super::widen(0x7e00).is_nan());
     }
 }
