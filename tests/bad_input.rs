@@ -19,7 +19,7 @@ fn assert_error(status: u16, body: &Value, want_status: u16, want_code: &str, wa
 
 #[test]
 fn every_bad_request_is_a_clear_error_and_the_server_keeps_serving() {
-    let server = Server::start(None, &[("EEANE_MAX_REQUEST_BYTES", "65536")]);
+    let server = Server::start(None, &[("EEANE_MAX_REQUEST_BYTES", "65536"), ("EEANE_ACCEPT_TOKEN_IDS", "true")]);
     let good = server.embed(json!("still serving"), json!({}));
 
     let cases: Vec<(&str, Vec<u8>, u16, &str, Option<&str>)> = vec![

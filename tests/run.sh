@@ -4,7 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "tests/run.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
-EEANE_EXTRA_MODELS="all-minilm-l6-v2-int8 e5-small-enpt e5-small-enpt-int8 openvino e5-small-enpt-ov e5-small-enpt-int8-ov ncnn all-minilm-l6-v2-ncnn minilm-reranker" bash models/setup.sh
+# The Python venv, ONNX Runtime, the default model, and cmake for the build;
+# the examples' client packages (their own venv) and nginx (scale-out test).
+EEANE_EXTRA_MODELS="examples nginx" bash models/setup.sh
+# Build the tests (and with them the eeane binary they run), then pull the test
+# models with it: downloads checked by hash, runtimes installed (OpenVINO from
+# its wheel, ncnn built from its sdist, lavapipe), conversions checked.
+cargo test --release --workspace --locked --no-run 2>&1 | tail -n 1
+for model in all-minilm-l6-v2-int8 e5-small-enpt e5-small-enpt-int8 e5-small-enpt-ov e5-small-enpt-int8-ov all-minilm-l6-v2-ncnn minilm-reranker; do
+  target/release/eeane pull "$model" >/dev/null
+done
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0

@@ -17,7 +17,7 @@ fn config() -> String {
         )
     };
     [
-        entry("e5-small-enpt", &fp32, ""),
+        entry("e5-small-enpt", &fp32, "accept_token_ids = true"),
         entry("e5-small-enpt-window", &fp32, "long_text = \"window\"\nwindow = 128\nstride = 96"),
         entry("e5-small-enpt-int8", &int8, ""),
         // A pooled graph configured to pool again must fail, not pool twice.

@@ -182,6 +182,19 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
     if slot.config.kind == crate::config::ModelKind::Reranker {
         return Err(ApiError::invalid_request("not_an_embedding_model", format!("{:?} is a reranker: use /v1/rerank", slot.config.id)).with_param("model"));
     }
+    if matches!(inputs, Inputs::TokenIds(_)) && !slot.config.accepts_token_ids(&live.config.server) {
+        return Err(ApiError::invalid_request(
+            "token_ids_not_accepted",
+            format!(
+                "model {:?} takes text, not token ids. LangChain's OpenAIEmbeddings sends tiktoken ids unless \
+                 check_embedding_ctx_length=False, and those are not this model's vocabulary: set \
+                 OpenAIEmbeddings(..., check_embedding_ctx_length=False) to send text. A client that sends this \
+                 model's own tokenizer ids can be allowed with accept_token_ids = true on its [[models]] entry",
+                slot.config.id
+            ),
+        )
+        .with_param("input"));
+    }
     let _admitted = app.service.admit(&live).map_err(|o| {
         ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
     })?;

