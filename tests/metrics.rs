@@ -60,6 +60,23 @@ fn metrics_parse_and_move_with_traffic() {
     }).sum();
     assert!(batches >= 4.0, "batch histogram count {batches}");
     assert!(value(&after, "eeane_process_resident_bytes", &[]) > 1e6);
+    assert_eq!(value(&after, "eeane_model_queued_sequences", &[("model", "m")]), 0.0);
+
+    // Per model by status: a 400 once the model is known counts for it (the
+    // empty input above was refused before a model was chosen).
+    let (status, _) = server.post_raw("/v1/embeddings", json!({"model": "m", "input": "x", "dimensions": 9999}).to_string().into_bytes(), &auth);
+    assert_eq!(status, 400);
+    // keep_alive 0 on the request: the model unloads when it answers.
+    let (status, _) = server.post_raw("/v1/embeddings", json!({"model": "m", "input": "x", "keep_alive": 0}).to_string().into_bytes(), &auth);
+    assert_eq!(status, 200);
+    server.wait_for_health("the unload", std::time::Duration::from_secs(10), |h| h["models"][0]["state"] == "unloaded");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (_, last) = scrape(&server, Some("k"));
+    assert_eq!(value(&last, "eeane_model_responses_total", &[("model", "m"), ("status", "200")]), 4.0);
+    assert_eq!(value(&last, "eeane_model_responses_total", &[("model", "m"), ("status", "400")]), 1.0);
+    assert_eq!(value(&last, "eeane_model_unloads_total", &[("model", "m")]), 1.0);
+    assert_eq!(value(&last, "eeane_model_loaded", &[("model", "m")]), 0.0);
+    assert_eq!(value(&last, "eeane_model_unload_seconds_count", &[("model", "m")]), 1.0);
     println!("{} samples; batches {batches}", after.samples.len());
 }
 

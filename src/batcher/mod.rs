@@ -77,6 +77,8 @@ pub struct WorkerStats {
     pub padded_tokens: AtomicU64,
     /// Tokens of the sequences themselves.
     pub real_tokens: AtomicU64,
+    /// Sequences waiting for an engine (the model's queue depth).
+    pub waiting_sequences: AtomicU64,
     /// Batches per device, in the order the devices loaded.
     pub device_batches: std::sync::Mutex<Vec<u64>>,
 }
@@ -156,8 +158,10 @@ fn start_device(name: &str, index: usize, loader: EngineLoader, spec: EngineSpec
                     break;
                 }
             }
+            let unloading = Instant::now();
             drop(engine);
             release_freed_memory();
+            metrics::histogram!("eeane_model_unload_seconds", "model" => model.clone()).record(unloading.elapsed().as_secs_f64());
         })
         .map_err(|e| {
             ENGINE_THREADS.fetch_sub(1, Ordering::SeqCst);
@@ -328,6 +332,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
             }
             idle.pop();
         }
+        stats.waiting_sequences.store(pool.waiting() as u64, Ordering::Relaxed);
     }
     // Dropping the devices closes their queues: each thread drops its engine.
     drop(devices);

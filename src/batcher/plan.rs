@@ -122,6 +122,11 @@ impl Pool {
         self.jobs.values().all(|j| j.remaining.is_empty())
     }
 
+    /// Sequences waiting for an engine.
+    pub fn waiting(&self) -> usize {
+        self.jobs.values().map(|j| j.remaining.len()).sum()
+    }
+
     pub fn next_batch(&mut self, policy: &BatchPolicy) -> Option<Planned> {
         let planned = match policy.order {
             Order::Sorted => self.next_sorted(policy)?,

@@ -20,11 +20,18 @@ pub struct ApiError {
     pub param: Option<String>,
     /// Seconds for the Retry-After header (429 and 503).
     pub retry_after: Option<u64>,
+    /// The model the request was for, once known (per-model metrics and the log line).
+    pub model: Option<String>,
 }
 
 impl ApiError {
+    pub fn with_model(mut self, id: &str) -> Self {
+        self.model = Some(id.to_string());
+        self
+    }
+
     fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, kind, code, message: message.into(), param: None, retry_after: None }
+        Self { status, kind, code, message: message.into(), param: None, retry_after: None, model: None }
     }
 
     pub fn with_retry_after(mut self, seconds: u64) -> Self {
@@ -122,6 +129,9 @@ impl IntoResponse for ApiError {
         }
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+        }
+        if let Some(model) = self.model {
+            response.extensions_mut().insert(super::RequestSummary { model, ..Default::default() });
         }
         response
     }

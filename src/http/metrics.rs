@@ -45,6 +45,9 @@ pub async fn record_http(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
+    if let Some(summary) = response.extensions().get::<super::RequestSummary>().filter(|s| !s.model.is_empty()) {
+        metrics::counter!("eeane_model_responses_total", "model" => summary.model.clone(), "status" => status.clone()).increment(1);
+    }
     metrics::counter!("eeane_http_requests_total", "route" => route.clone(), "status" => status).increment(1);
     metrics::histogram!("eeane_http_request_seconds", "route" => route).record(started.elapsed().as_secs_f64());
     response
@@ -74,7 +77,13 @@ pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
         ] {
             metrics::counter!(name, "model" => id.clone()).absolute(value.load(Ordering::Relaxed));
         }
-        let loaded = matches!(slot.state(), SlotState::Loaded(_));
+        let state = slot.state();
+        let waiting = match &state {
+            SlotState::Loaded(model) => model.stats().waiting_sequences.load(Ordering::Relaxed),
+            _ => 0,
+        };
+        metrics::gauge!("eeane_model_queued_sequences", "model" => id.clone()).set(waiting as f64);
+        let loaded = matches!(state, SlotState::Loaded(_));
         metrics::gauge!("eeane_model_loaded", "model" => id.clone()).set(if loaded { 1.0 } else { 0.0 });
         metrics::gauge!("eeane_model_in_flight", "model" => id).set(slot.status().in_flight as f64);
     }

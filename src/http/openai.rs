@@ -180,7 +180,9 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
         .find(request.model.as_deref())
         .ok_or_else(|| ApiError::model_not_found(request.model.as_deref().unwrap_or(""), &live.registry.ids()))?;
     if slot.config.kind == crate::config::ModelKind::Reranker {
-        return Err(ApiError::invalid_request("not_an_embedding_model", format!("{:?} is a reranker: use /v1/rerank", slot.config.id)).with_param("model"));
+        return Err(ApiError::invalid_request("not_an_embedding_model", format!("{:?} is a reranker: use /v1/rerank", slot.config.id))
+            .with_param("model")
+            .with_model(&slot.config.id));
     }
     if matches!(inputs, Inputs::TokenIds(_)) && !slot.config.accepts_token_ids(&live.config.server) {
         return Err(ApiError::invalid_request(
@@ -193,17 +195,19 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
                 slot.config.id
             ),
         )
-        .with_param("input"));
+        .with_param("input")
+        .with_model(&slot.config.id));
     }
     let _admitted = app.service.admit(&live).map_err(|o| {
         ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
+            .with_model(&slot.config.id)
     })?;
     let result = app.service.embed(&live, slot, inputs, keep_alive, live.deadline()).await.map_err(|e| {
         let mut error = ApiError::from(e);
         if flat_ids {
             error.param = error.param.map(|p| p.replacen("input[0]", "input", 1));
         }
-        error
+        error.with_model(&slot.config.id)
     })?;
     // The vectors are shared only when the request was coalesced; otherwise take them.
     let tokens = result.tokens;
@@ -212,7 +216,8 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
     if let Some(dims) = request.dimensions {
         if dims == 0 || dims > width {
             return Err(ApiError::invalid_request("invalid_dimensions", format!("dimensions must be between 1 and {width} for this model"))
-                .with_param("dimensions"));
+                .with_param("dimensions")
+                .with_model(&slot.config.id));
         }
     }
     let format = request.encoding_format.unwrap_or_default();

@@ -137,10 +137,12 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
             "not_a_reranker",
             format!("{:?} is an embedding model: use /v1/embeddings, or set rerank = true on its entry to rank by cosine", slot.config.id),
         )
-        .with_param("model"));
+        .with_param("model")
+        .with_model(&slot.config.id));
     }
     let _admitted = app.service.admit(&live).map_err(|o| {
         ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
+            .with_model(&slot.config.id)
     })?;
     // The documents move into the inputs; a copy is kept only to return them.
     let count = docs.len();
@@ -156,7 +158,7 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
         if error.param.as_deref() == Some("input") {
             error.param = Some("documents".into());
         }
-        error
+        error.with_model(&slot.config.id)
     })?;
     let scores: Vec<f64> = if cross_encoder {
         result.vectors.iter().map(|v| v.first().copied().unwrap_or(f32::NAN) as f64).map(|x| if request.raw_scores { x } else { sigmoid(x) }).collect()
