@@ -41,20 +41,28 @@ fi
 # "ncnn" in EEANE_EXTRA_MODELS builds ncnn and eeane's shim (models/build_ncnn.sh,
 # about 7 minutes once) and installs a Vulkan loader and Mesa's lavapipe, a
 # Vulkan device on the CPU; "examples" makes a venv with the client packages
-# the examples use (examples/requirements.txt); "nginx" installs Debian's nginx
+# the examples use (examples/requirements.txt), "test-tools" one with the test
+# tools (tests/requirements.txt: schemathesis); "nginx" installs Debian's nginx
 # (the scale-out test); the other names are models/prepare.py targets.
+# A venv of its own for client or test packages, remade when its requirements change.
+side_venv() {
+  local dir=$1 requirements=$2 stamp
+  stamp=$(sha256sum "$requirements" | cut -d' ' -f1)
+  if [ "$(cat "$dir/.requirements.sha256" 2>/dev/null)" != "$stamp" ]; then
+    echo "setup: preparing $dir from $requirements"
+    rm -rf "$dir"
+    "$python" -m venv "$dir"
+    "$dir/bin/python" -m pip install --quiet -r "$requirements"
+    echo "$stamp" > "$dir/.requirements.sha256"
+  fi
+}
+
 extra=()
 for target in ${EEANE_EXTRA_MODELS:-}; do
   if [ "$target" = examples ]; then
-    examples_venv=$cache/venv-examples
-    stamp=$(sha256sum "$here/../examples/requirements.txt" | cut -d' ' -f1)
-    if [ "$(cat "$examples_venv/.requirements.sha256" 2>/dev/null)" != "$stamp" ]; then
-      echo "setup: preparing the examples' venv in $examples_venv"
-      rm -rf "$examples_venv"
-      "$python" -m venv "$examples_venv"
-      "$examples_venv/bin/python" -m pip install --quiet -r "$here/../examples/requirements.txt"
-      echo "$stamp" > "$examples_venv/.requirements.sha256"
-    fi
+    side_venv "$cache/venv-examples" "$here/../examples/requirements.txt"
+  elif [ "$target" = test-tools ]; then
+    side_venv "$cache/venv-tools" "$here/../tests/requirements.txt"
   elif [ "$target" = nginx ]; then
     if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
       echo "setup: installing Debian's nginx" >&2

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "tests/run.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 # The Python venv, ONNX Runtime, the default model, and cmake for the build;
 # the examples' client packages (their own venv) and nginx (scale-out test).
-EEANE_EXTRA_MODELS="examples nginx" bash models/setup.sh
+EEANE_EXTRA_MODELS="examples test-tools nginx" bash models/setup.sh
 # Build the tests (and with them the eeane binary they run), then pull the test
 # models with it: downloads checked by hash, runtimes installed (OpenVINO from
 # its wheel, ncnn built from its sdist, lavapipe), conversions checked.

@@ -51,7 +51,9 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/reload", post(admin::reload))
         .fallback(|uri: axum::http::Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        // On matched routes only: an unknown path is a 404 and a wrong method a
+        // 405 with or without the key (they reveal nothing the document does not).
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .route_layer(middleware::from_fn(metrics::record_http))
         .layer(DefaultBodyLimit::max(state.service.live().config.server.max_request_bytes))
         .layer(middleware::from_fn(log_request))
@@ -75,7 +77,8 @@ async fn require_api_key(State(app): State<AppState>, request: Request, next: Ne
     let Some(key) = live.config.server.api_key.as_deref().filter(|k| !k.is_empty()) else {
         return next.run(request).await;
     };
-    if request.method() == Method::GET && matches!(request.uri().path(), "/health" | "/v1/health") {
+    // Any method: /health has only GET, so the others get their 405 after this.
+    if matches!(request.uri().path(), "/health" | "/v1/health") {
         return next.run(request).await;
     }
     if request.method() == Method::GET && live.config.server.metrics_public && matches!(request.uri().path(), "/metrics" | "/v1/metrics") {

@@ -10,6 +10,8 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+
 use super::error::ApiError;
 use super::AppState;
 use crate::model::Inputs;
@@ -20,15 +22,19 @@ use std::time::Duration;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingsRequest {
-    /// A string, an array of strings, an array of token ids, or an array of token-id arrays.
-    #[schema(value_type = Object)]
+    /// A string, an array of strings, an array of token ids, or an array of
+    /// token-id arrays (token ids only for a model with accept_token_ids).
+    #[schema(schema_with = input_schema, required = true)]
     pub input: Option<Value>,
+    /// A model id or alias (default: the first embedding model).
     pub model: Option<String>,
     pub encoding_format: Option<EncodingFormat>,
+    /// Keep the first n dimensions, renormalized (at most the model's width).
+    #[schema(minimum = 1)]
     pub dimensions: Option<usize>,
     /// How long the model stays loaded after this request (Ollama's field):
     /// seconds, or a duration such as "5m"; 0 unloads at once, negative never.
-    #[schema(value_type = Option<String>)]
+    #[schema(schema_with = keep_alive_schema)]
     pub keep_alive: Option<Value>,
     /// Accepted for compatibility; unused.
     #[allow(dead_code)]
@@ -87,6 +93,32 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejec
             _ => ApiError::invalid_request("invalid_json", format!("The body is not valid JSON: {inner}")),
         }
     })
+}
+
+fn non_empty_string() -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(Type::String).min_length(Some(1))
+}
+
+fn token_id() -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0))
+}
+
+fn input_schema() -> Schema {
+    Schema::OneOf(OneOfBuilder::new()
+        .item(non_empty_string())
+        .item(ArrayBuilder::new().items(non_empty_string()).min_items(Some(1)))
+        .item(ArrayBuilder::new().items(token_id()).min_items(Some(1)))
+        .item(ArrayBuilder::new().items(ArrayBuilder::new().items(token_id()).min_items(Some(1))).min_items(Some(1)))
+        .build())
+}
+
+/// Seconds, or a duration string ("30s", "5m", "-1").
+pub fn keep_alive_schema() -> Schema {
+    Schema::OneOf(OneOfBuilder::new()
+        .item(ObjectBuilder::new().schema_type(Type::Number))
+        .item(ObjectBuilder::new().schema_type(Type::String).pattern(Some(r"^-?[0-9]{1,9}(\.[0-9]{1,9})?$|^-?[0-9]{1,9}(ms|s|m|h|d)$")))
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .build())
 }
 
 const INPUT_SHAPES: &str = "input must be a string, an array of strings, an array of token ids, or an array of token-id arrays";
@@ -161,7 +193,8 @@ pub fn parse_keep_alive(value: Option<Value>) -> Result<Option<KeepAlive>, ApiEr
     Ok(Some(match seconds {
         s if s < 0.0 => KeepAlive::Never,
         0.0 => KeepAlive::Immediately,
-        s => KeepAlive::For(Duration::from_secs_f64(s)),
+        // Longer than a Duration holds (1e300 s) is as good as never.
+        s => Duration::try_from_secs_f64(s).map_or(KeepAlive::Never, KeepAlive::For),
     }))
 }
 

@@ -29,7 +29,31 @@ pub fn document() -> Document {
         };
         doc.paths.paths.insert(twin, item);
     }
+    require_bearer_key(&mut doc);
     doc
+}
+
+/// The API key: a bearer scheme required by every operation but /health
+/// (and /metrics when metrics_public, which the document cannot know), each
+/// of which can then answer 401 with the error shape.
+fn require_bearer_key(doc: &mut Document) {
+    use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    doc.components.get_or_insert_with(Default::default).add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    doc.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
+    let unauthorized = ResponseBuilder::new()
+        .description("api_key is set and the bearer token is missing or wrong")
+        .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorResponse"))).build())
+        .build();
+    for (path, item) in doc.paths.paths.iter_mut() {
+        for operation in [item.get.as_mut(), item.post.as_mut()].into_iter().flatten() {
+            if path.ends_with("/health") {
+                operation.security = Some(vec![SecurityRequirement::default()]);
+            } else {
+                operation.responses.responses.entry("401".into()).or_insert_with(|| unauthorized.clone().into());
+            }
+        }
+    }
 }
 
 /// This document.

@@ -22,19 +22,32 @@ use crate::model::Inputs;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct RerankRequest {
+    /// A reranker's id or alias (default: the first reranker, else the first rerank = true model).
     pub model: Option<String>,
+    #[schema(min_length = 1, required = true, nullable = false)]
     pub query: Option<String>,
     /// Strings, or Cohere's `{"text": ...}` objects.
-    #[schema(value_type = Vec<Object>)]
+    #[schema(schema_with = documents_schema, required = true)]
     pub documents: Option<Vec<Value>>,
+    /// Return only the best n (default: all).
+    #[schema(minimum = 1)]
     pub top_n: Option<i64>,
     #[serde(default)]
     pub return_documents: bool,
     /// A cross-encoder's logits as they are, rather than through a sigmoid.
     #[serde(default)]
     pub raw_scores: bool,
-    #[schema(value_type = Option<String>)]
+    #[schema(schema_with = super::openai::keep_alive_schema)]
     pub keep_alive: Option<Value>,
+}
+
+fn documents_schema() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+    let text = || ObjectBuilder::new().schema_type(Type::String).min_length(Some(1));
+    ArrayBuilder::new()
+        .items(OneOfBuilder::new().item(text()).item(ObjectBuilder::new().property("text", text()).required("text")))
+        .min_items(Some(1))
+        .build()
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
