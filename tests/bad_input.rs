@@ -71,6 +71,12 @@ fn every_bad_request_is_a_clear_error_and_the_server_keeps_serving() {
     // Exactly the limit is fine, and the server still answers as before.
     let limit: Vec<String> = (0..2048).map(|i| format!("t{i}")).collect();
     assert_eq!(server.embed(json!(limit), json!({})).len(), 2048);
+    // Found by the schema-driven attack's review: a keep_alive longer than a
+    // Duration holds panicked the handler; it now means "never unload".
+    for huge in [json!(1e300), json!(-1e300), json!("999999999d")] {
+        let (status, body) = server.post("/v1/embeddings", &json!({"input": "x", "keep_alive": huge}));
+        assert_eq!(status, 200, "keep_alive {huge}: {body}");
+    }
     assert_eq!(server.embed(json!("still serving"), json!({})), good);
 }
 

@@ -27,6 +27,10 @@ fn keep_alive_0_under_concurrent_load() {
     // EEANE_SOAK_PLAIN=1 uses a plain entry (one 256-token bucket of 32) instead.
     let config = if std::env::var_os("EEANE_SOAK_PLAIN").is_some() {
         format!("[server]\nkeep_alive = 0\n{}", model_entry("all-minilm-l6-v2", "all-minilm-l6-v2", ""))
+    } else if let Ok(extra) = std::env::var("EEANE_SOAK_MODEL_EXTRA") {
+        // The shipped default model with extra keys, for experiments:
+        // EEANE_SOAK_MODEL_EXTRA="threads = 1" creates no ONNX Runtime threads per load.
+        include_str!("../config/default.toml").replace("keep_alive = 300", "keep_alive = 0").replace("device = \"cpu\"", &format!("device = \"cpu\"\n{extra}"))
     } else {
         "[server]\nkeep_alive = 0\n".to_string()
     };

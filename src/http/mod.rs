@@ -5,9 +5,9 @@ mod admin;
 pub mod error;
 mod health;
 mod metrics;
-mod openai;
+pub mod openai;
 pub mod openapi;
-mod rerank;
+pub mod rerank;
 
 use std::sync::Arc;
 

@@ -78,13 +78,17 @@ pub struct Usage {
     total_tokens: usize,
 }
 
-/// Reads a JSON body: syntax errors are 400, wrong types 422 naming the field.
-pub fn parse_json<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = body.map_err(|rejection| match rejection.status() {
+/// The body, or the error for one too large or unreadable.
+pub fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large("body_too_large", "The request body is larger than the server accepts (server.max_request_bytes)"),
         _ => ApiError::invalid_request("unreadable_body", rejection.body_text()),
-    })?;
-    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    })
+}
+
+/// Reads a JSON body: syntax errors are 400, wrong types 422 naming the field.
+pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -198,16 +202,31 @@ pub fn parse_keep_alive(value: Option<Value>) -> Result<Option<KeepAlive>, ApiEr
     }))
 }
 
+/// An embeddings request checked as far as it can be without a model (the
+/// fuzz target `request_bodies` drives this with arbitrary bytes).
+pub struct ParsedEmbeddings {
+    /// The request, its `input` and `keep_alive` taken into the fields below.
+    pub request: EmbeddingsRequest,
+    pub inputs: Inputs,
+    pub keep_alive: Option<KeepAlive>,
+    /// A flat list of ids is one input: its errors name input[j], not input[0][j].
+    pub flat_ids: bool,
+}
+
+pub fn parse_embeddings(body: &[u8], max_inputs: usize) -> Result<ParsedEmbeddings, ApiError> {
+    let mut request: EmbeddingsRequest = parse_json(body)?;
+    let flat_ids = matches!(&request.input, Some(Value::Array(a)) if a.first().is_some_and(Value::is_number));
+    let inputs = parse_input(request.input.take(), max_inputs)?;
+    let keep_alive = parse_keep_alive(request.keep_alive.take())?;
+    Ok(ParsedEmbeddings { request, inputs, keep_alive, flat_ids })
+}
+
 /// OpenAI embeddings.
 #[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings", request_body = EmbeddingsRequest,
     responses((status = 200, body = EmbeddingsResponse), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
 pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
     let live = app.service.live();
-    let request: EmbeddingsRequest = parse_json(body)?;
-    // A flat list of ids is one input: its errors name input[j], not input[0][j].
-    let flat_ids = matches!(&request.input, Some(Value::Array(a)) if a.first().is_some_and(Value::is_number));
-    let inputs = parse_input(request.input, live.config.server.max_inputs)?;
-    let keep_alive = parse_keep_alive(request.keep_alive)?;
+    let ParsedEmbeddings { request, inputs, keep_alive, flat_ids } = parse_embeddings(&read_body(body)?, live.config.server.max_inputs)?;
     let slot = live
         .registry
         .find(request.model.as_deref())

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::openai::{parse_json, parse_keep_alive};
+use super::openai::{parse_json, parse_keep_alive, read_body};
 use super::AppState;
 use crate::config::ModelKind;
 use crate::model::Inputs;
@@ -118,24 +118,40 @@ fn documents(values: Option<Vec<Value>>, max: usize) -> Result<Vec<String>, ApiE
 /// What Infinity's own client (infinity-client) sends as `model` when none is set.
 const INFINITY_NO_MODEL: &str = "default/not-specified";
 
-/// Infinity/Cohere rerank: the documents' relevance to the query, best first.
-#[utoipa::path(post, path = "/v1/rerank", tag = "rerank", request_body = RerankRequest,
-    responses((status = 200, body = RerankResponse), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
-pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
-    let live = app.service.live();
-    let request: RerankRequest = parse_json(body)?;
-    let query = match request.query {
+/// A rerank request checked as far as it can be without a model (the fuzz
+/// target `request_bodies` drives this with arbitrary bytes).
+pub struct ParsedRerank {
+    /// The request, its query, documents and keep_alive taken into the fields below.
+    pub request: RerankRequest,
+    pub query: String,
+    pub docs: Vec<String>,
+    pub top_n: usize,
+    pub keep_alive: Option<crate::registry::KeepAlive>,
+}
+
+pub fn parse_rerank(body: &[u8], max_inputs: usize) -> Result<ParsedRerank, ApiError> {
+    let mut request: RerankRequest = parse_json(body)?;
+    let query = match request.query.take() {
         Some(q) if !q.is_empty() => q,
         Some(_) => return Err(ApiError::invalid_request("empty_query", "query is empty").with_param("query")),
         None => return Err(ApiError::invalid_request("missing_query", "query is required").with_param("query")),
     };
-    let docs = documents(request.documents, live.config.server.max_inputs)?;
+    let docs = documents(request.documents.take(), max_inputs)?;
     let top_n = match request.top_n {
         None => docs.len(),
         Some(n) if n >= 1 => (n as usize).min(docs.len()),
         Some(_) => return Err(ApiError::invalid_request("invalid_top_n", "top_n must be at least 1").with_param("top_n")),
     };
-    let keep_alive = parse_keep_alive(request.keep_alive)?;
+    let keep_alive = parse_keep_alive(request.keep_alive.take())?;
+    Ok(ParsedRerank { request, query, docs, top_n, keep_alive })
+}
+
+/// Infinity/Cohere rerank: the documents' relevance to the query, best first.
+#[utoipa::path(post, path = "/v1/rerank", tag = "rerank", request_body = RerankRequest,
+    responses((status = 200, body = RerankResponse), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
+pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
+    let live = app.service.live();
+    let ParsedRerank { request, query, docs, top_n, keep_alive } = parse_rerank(&read_body(body)?, live.config.server.max_inputs)?;
     // Infinity's generated client sends "default/not-specified" when no model is set.
     let slot = match request.model.as_deref().filter(|name| *name != INFINITY_NO_MODEL) {
         Some(name) => live.registry.find(Some(name)).ok_or_else(|| ApiError::model_not_found(name, &live.registry.ids()))?,
