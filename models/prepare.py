@@ -80,9 +80,11 @@ def manifest_is_current(out, recipe=None):
 
 
 def write_manifest(out, source, checks):
-    files = {p.name: sha256(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != "manifest.json"}
+    files = {p.name: sha256(p) for p in sorted(out.iterdir()) if p.is_file() and p.name not in ("manifest.json", "manifest.json.tmp")}
     manifest = {"converter_version": CONVERTER_VERSION, "source": source, "checks": checks, "files": files}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    # Written last and renamed into place: a directory with a manifest is complete.
+    (out / "manifest.json.tmp").write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(out / "manifest.json.tmp", out / "manifest.json")
 
 
 def derived_target(cache, name, source, recipe=None):

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod config;
 pub mod engines;
 pub mod http;
+pub mod integrity;
 pub mod model;
 pub mod pooling;
 pub mod pull;

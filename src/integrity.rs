@@ -1,0 +1,82 @@
+//! A model directory prepared by eeane (`eeane pull`, models/prepare.py) has a
+//! manifest.json with every file's sha256. Before a model loads, the files of
+//! its manifests are checked against it, once per file as long as its size and
+//! modification time stay the same: a truncated, corrupted or replaced file
+//! then fails its model with a message that says so, instead of loading (a
+//! flipped byte in the weights would still parse, and embed wrongly).
+//! Directories without a manifest (a user's own files) are not checked.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+
+/// Files found intact, with the size and mtime they had then.
+static VERIFIED: Mutex<Option<HashMap<PathBuf, (u64, SystemTime)>>> = Mutex::new(None);
+
+fn stamp(path: &Path) -> Option<(u64, SystemTime)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok()?))
+}
+
+fn sha256(path: &Path) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+    Ok(format!("{:x}", hasher.finalize()))
+}
+
+/// Checks every file listed by the manifest.json beside each of `paths`.
+pub fn verify(paths: &[PathBuf]) -> Result<(), String> {
+    let mut dirs: Vec<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
+    dirs.dedup();
+    for dir in dirs {
+        let manifest = dir.join("manifest.json");
+        let Ok(text) = std::fs::read(&manifest) else { continue };
+        let parsed: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| format!("{} is not valid JSON ({e}); prepare the model again", manifest.display()))?;
+        let Some(files) = parsed["files"].as_object() else { continue };
+        for (name, expected) in files {
+            let path = dir.join(name);
+            let Some(now) = stamp(&path) else {
+                return Err(format!("{} is missing (listed in {}); prepare the model again (eeane pull)", path.display(), manifest.display()));
+            };
+            if VERIFIED.lock().unwrap().as_ref().and_then(|v| v.get(&path)) == Some(&now) {
+                continue;
+            }
+            let digest = sha256(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            if Some(digest.as_str()) != expected.as_str() {
+                return Err(format!(
+                    "{} does not match its manifest (sha256 {digest}, expected {}): the file is truncated, corrupted or was replaced; \
+                     prepare the model again (eeane pull)",
+                    path.display(),
+                    expected.as_str().unwrap_or("?")
+                ));
+            }
+            VERIFIED.lock().unwrap().get_or_insert_with(HashMap::new).insert(path, now);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_file_fails_and_a_directory_without_manifest_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model.onnx");
+        std::fs::write(&model, b"weights").unwrap();
+        assert!(verify(&[model.clone()]).is_ok(), "no manifest: not checked");
+        let manifest = serde_json::json!({"files": {"model.onnx": format!("{:x}", Sha256::digest(b"weights"))}});
+        std::fs::write(dir.path().join("manifest.json"), manifest.to_string()).unwrap();
+        assert!(verify(&[model.clone()]).is_ok());
+        std::fs::write(&model, b"weighs").unwrap();
+        let e = verify(&[model.clone()]).unwrap_err();
+        assert!(e.contains("does not match its manifest"), "{e}");
+        std::fs::remove_file(&model).unwrap();
+        assert!(verify(&[model]).unwrap_err().contains("is missing"));
+    }
+}

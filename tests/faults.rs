@@ -1,0 +1,161 @@
+//! Faults: model files truncated or corrupted, a tokenizer missing, and a
+//! SIGKILL in the middle of a model load followed by a restart. Each gives a
+//! clear message, the other models keep serving, and nothing left in the cache
+//! breaks the next start. (A missing or foreign runtime library: preflight.rs;
+//! an absent Vulkan device: ncnn.rs; a disk filling during a download: pull.rs;
+//! a NaN-producing model: bad_input.rs.)
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{minilm_dir, Server};
+use serde_json::json;
+
+fn entry(id: &str, dir: &Path) -> String {
+    format!(
+        "[[models]]\nid = \"{id}\"\nengine = \"onnxruntime\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\n",
+        dir.join("model.onnx").display(),
+        dir.join("tokenizer.json").display()
+    )
+}
+
+/// A copy of the default model's directory (manifest included) to damage.
+fn copy_of_default(root: &Path, name: &str) -> std::path::PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in std::fs::read_dir(minilm_dir()).unwrap().flatten() {
+        if file.path().is_file() {
+            std::fs::copy(file.path(), dir.join(file.file_name())).unwrap();
+        }
+    }
+    dir
+}
+
+#[test]
+fn damaged_model_files_fail_their_model_with_the_reason_while_the_others_serve() {
+    let root = tempfile::tempdir().unwrap();
+    let flipped = copy_of_default(root.path(), "flipped");
+    let mut bytes = std::fs::read(flipped.join("model.onnx")).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01; // one bit of one weight: still a valid ONNX file
+    std::fs::write(flipped.join("model.onnx"), &bytes).unwrap();
+    let truncated = copy_of_default(root.path(), "truncated");
+    std::fs::write(truncated.join("model.onnx"), &bytes[..middle]).unwrap();
+    let bare = copy_of_default(root.path(), "truncated-no-manifest");
+    std::fs::write(bare.join("model.onnx"), &bytes[..middle]).unwrap();
+    std::fs::remove_file(bare.join("manifest.json")).unwrap();
+    let no_tokenizer = copy_of_default(root.path(), "no-tokenizer");
+    std::fs::remove_file(no_tokenizer.join("tokenizer.json")).unwrap();
+    std::fs::remove_file(no_tokenizer.join("manifest.json")).unwrap();
+
+    let config = [
+        entry("good", &minilm_dir()),
+        entry("flipped", &flipped),
+        entry("truncated", &truncated),
+        entry("truncated-no-manifest", &bare),
+        entry("no-tokenizer", &no_tokenizer),
+    ]
+    .concat();
+    let server = Server::start(Some(&config), &[]);
+    let good = server.embed(json!("still serving"), json!({"model": "good"}));
+    for (id, reason) in [
+        ("flipped", "does not match its manifest"),
+        ("truncated", "does not match its manifest"),
+        ("truncated-no-manifest", "model.onnx"),
+        ("no-tokenizer", "tokenizer.json"),
+    ] {
+        let (status, body) = server.post("/v1/embeddings", &json!({"input": "x", "model": id}));
+        println!("{id}: {status} {}", body["error"]["message"]);
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["error"]["code"], "model_unavailable");
+        assert!(body["error"]["message"].as_str().unwrap().contains(reason), "{id}: {body}");
+        assert_eq!(server.embed(json!("still serving"), json!({"model": "good"})), good);
+    }
+    let (_, health) = server.get("/health");
+    assert_eq!(health["models"][0]["state"], "loaded", "{health}");
+}
+
+/// Starts `eeane serve` on `config`, returning once its stderr has said `line`
+/// (or the process has ended).
+fn spawn_until(config: &Path, line: &str) -> (std::process::Child, Instant) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_eeane"))
+        .args(["--config", config.to_str().unwrap(), "serve", "--port", "0"])
+        .env_remove("EEANE_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let line = line.to_string();
+    std::thread::spawn(move || {
+        let mut said = false;
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !said && l.contains(&line) {
+                said = true;
+                let _ = tx.send(());
+            }
+        }
+    });
+    let _ = rx.recv_timeout(Duration::from_secs(60));
+    (child, started)
+}
+
+#[test]
+fn sigkill_during_a_model_load_then_a_restart_serves_the_same_vectors() {
+    // OpenVINO writes a compile cache while it loads: the riskiest load to cut.
+    let model = common::e5_dir("e5-small-enpt-ov");
+    let cache = tempfile::tempdir().unwrap();
+    let config_text = format!(
+        "[server]\ncache_dir = \"{}\"\n[runtimes]\nopenvino = \"{}\"\n\
+         [[models]]\nid = \"ov\"\nengine = \"openvino\"\ndevice = \"CPU\"\nload_policy = \"resident\"\nmodel = \"{}\"\ntokenizer = \"{}\"\n\
+         pooling = \"none\"\nmax_tokens = 128\nbuckets = [{{ max_tokens = 32, max_batch = 8 }}, {{ max_tokens = 128, max_batch = 8 }}]\n",
+        cache.path().display(),
+        common::cache_dir().join("runtimes/openvino/libopenvino_c.so").display(),
+        model.join("model.xml").display(),
+        model.join("sentencepiece.model").display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("eeane.toml");
+    std::fs::write(&config, &config_text).unwrap();
+    let texts = json!(["def add(a, b): return a + b", "Como faço para ordenar uma lista?"]);
+
+    // A clean start in a fresh cache gives the expected vectors.
+    let reference = {
+        let clean = tempfile::tempdir().unwrap();
+        let text = config_text.replace(&cache.path().display().to_string(), &clean.path().display().to_string());
+        let server = Server::start(Some(&text), &[]);
+        server.embed(texts.clone(), json!({}))
+    };
+
+    // Kill -9 at several points of the load (the compile writes its cache).
+    for delay_ms in [0u64, 150, 400, 500, 600, 700, 800, 900, 1200] {
+        let (mut child, started) = spawn_until(&config, "loading");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+        let files: Vec<String> = walk(cache.path());
+        println!("killed {:.3} s after start; compile cache then: {files:?}", started.elapsed().as_secs_f64());
+    }
+    let server = Server::start(Some(&config_text), &[]);
+    assert_eq!(server.embed(texts, json!({})), reference, "vectors after the killed loads differ from a clean start's");
+    // OpenVINO writes its blob in place; a cut one is refused and rewritten.
+    println!("after the restart: {:?}", walk(cache.path()));
+}
+
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(format!("{} ({} B)", e.file_name().to_string_lossy(), e.metadata().map(|m| m.len()).unwrap_or(0)));
+        }
+    }
+    out
+}
