@@ -1,7 +1,8 @@
 //! Faults: model files truncated or corrupted, a tokenizer missing, and a
 //! SIGKILL in the middle of a model load followed by a restart. Each gives a
 //! clear message, the other models keep serving, and nothing left in the cache
-//! breaks the next start. (A missing or foreign runtime library: preflight.rs;
+//! breaks the next start; a runtime library of the wrong version fails its
+//! models by name. (A missing or foreign runtime library: preflight.rs;
 //! an absent Vulkan device: ncnn.rs; a disk filling during a download: pull.rs;
 //! a NaN-producing model: bad_input.rs.)
 
@@ -158,4 +159,47 @@ fn walk(dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// ONNX Runtime 1.20.1's library from its PyPI wheel, fetched once into the
+/// cache: a real runtime of the wrong version.
+fn old_onnxruntime() -> std::path::PathBuf {
+    let dir = common::cache_dir().join("downloads/onnxruntime-1.20.1");
+    let lib = dir.join("onnxruntime/capi/libonnxruntime.so.1.20.1");
+    if !lib.exists() {
+        let python = common::cache_dir().join("venv/bin/python");
+        let script = format!(
+            "import glob, subprocess, sys, zipfile\n\
+             d = {dir:?}\n\
+             subprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', '--only-binary=:all:', '-q', '-d', d, 'onnxruntime==1.20.1'], check=True)\n\
+             zipfile.ZipFile(glob.glob(d + '/onnxruntime-1.20.1-*.whl')[0]).extract('onnxruntime/capi/libonnxruntime.so.1.20.1', d)\n",
+            dir = dir.display().to_string()
+        );
+        let status = Command::new(python).arg("-c").arg(script).status().unwrap();
+        assert!(status.success() && lib.exists(), "could not fetch onnxruntime 1.20.1 from the package index");
+    }
+    lib
+}
+
+#[test]
+fn a_runtime_of_the_wrong_version_fails_its_models_with_both_versions_named() {
+    let old = old_onnxruntime();
+    let ov = common::e5_dir("e5-small-enpt-ov");
+    let config = format!(
+        "[runtimes]\nonnxruntime = \"{}\"\n{}\
+         [[models]]\nid = \"ov\"\nengine = \"openvino\"\ndevice = \"CPU\"\nmodel = \"{}\"\ntokenizer = \"{}\"\npooling = \"none\"\nmax_tokens = 128\n\
+         buckets = [{{ max_tokens = 32, max_batch = 8 }}]\n",
+        old.display(),
+        entry("ort", &minilm_dir()),
+        ov.join("model.xml").display(),
+        ov.join("sentencepiece.model").display()
+    );
+    let server = Server::start(Some(&config), &[]);
+    let (status, body) = server.post("/v1/embeddings", &json!({"input": "x", "model": "ort"}));
+    println!("ort on 1.20.1: {status} {}", body["error"]["message"]);
+    assert_eq!(status, 503, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("1.20.1") && message.contains("expected version"), "{message}");
+    // A model on another engine is untouched.
+    assert_eq!(server.embed(json!("still serving"), json!({"model": "ov"})).len(), 1);
 }
