@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,31 +52,8 @@ fn three_models_one_slot_keep_alive_0_mixed_traffic() {
     let config = format!("[server]\nkeep_alive = 0\nmax_loaded_models = 1\n{}", models(""));
     let server = Arc::new(Server::start(Some(&config), &[]));
 
-    let (stop, pause) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-    let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let clients: Vec<_> = (0..4)
-        .map(|c| {
-            let (server, requests, expected) = (server.clone(), requests.clone(), expected.clone());
-            let (stop, pause, done, failed) = (stop.clone(), pause.clone(), done.clone(), failed.clone());
-            std::thread::spawn(move || {
-                let mut i = c * 5;
-                while !stop.load(Ordering::Relaxed) {
-                    if pause.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(20));
-                        continue;
-                    }
-                    let k = (i * 7 + c) % requests.len();
-                    let (status, body) = server.post("/v1/embeddings", &requests[k]);
-                    if status != 200 || body["data"] != expected[k] {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("request {k}: status {status} {}", body["error"]);
-                    }
-                    done.fetch_add(1, Ordering::Relaxed);
-                    i += 1;
-                }
-            })
-        })
-        .collect();
+    let clients = common::CheckingClients::start(server.clone(), requests, expected, 4, |i, c| (i + c * 5) * 7 + c, |_, _| 0);
+    let pause = clients.pause.clone();
     let unloaded_rss = || {
         pause.store(true, Ordering::Relaxed);
         server.wait_for_health("every model unloaded", Duration::from_secs(60), |h| {
@@ -93,15 +70,13 @@ fn three_models_one_slot_keep_alive_0_mixed_traffic() {
         std::thread::sleep(Duration::from_secs(10).min(Duration::from_secs(seconds).saturating_sub(started.elapsed())));
         samples.push(unloaded_rss());
     }
-    stop.store(true, Ordering::Relaxed);
-    clients.into_iter().for_each(|c| c.join().unwrap());
+    let (done, failed) = clients.finish();
     let (_, health) = server.get("/health");
     let loads: u64 = health["models"].as_array().unwrap().iter().map(|m| m["counters"]["loads"].as_u64().unwrap()).sum();
     println!(
         "churn {seconds} s: {} requests, {} failed, {loads} loads; unloaded RSS every 10 s (KiB): {samples:?}",
-        done.load(Ordering::Relaxed),
-        failed.load(Ordering::Relaxed)
+        done, failed
     );
-    assert_eq!(failed.load(Ordering::Relaxed), 0);
+    assert_eq!(failed, 0);
     assert!(loads >= 6, "the models should have loaded over and over, not {loads} times");
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -48,33 +48,9 @@ fn keep_alive_0_under_concurrent_load() {
     // The expected answer to each request, from a first pass.
     let expected: Vec<Value> = requests.iter().map(|r| server.post("/v1/embeddings", r).1["data"].clone()).collect();
 
-    let (stop, pause) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-    let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let clients: Vec<_> = (0..4)
-        .map(|c| {
-            let (server, requests, expected) = (server.clone(), requests.clone(), expected.clone());
-            let (stop, pause, done, failed) = (stop.clone(), pause.clone(), done.clone(), failed.clone());
-            thread::spawn(move || {
-                let mut i = c;
-                while !stop.load(Ordering::Relaxed) {
-                    if pause.load(Ordering::Relaxed) {
-                        thread::sleep(Duration::from_millis(20));
-                        continue;
-                    }
-                    let k = i % requests.len();
-                    let (status, body) = server.post("/v1/embeddings", &requests[k]);
-                    if status != 200 || body["data"] != expected[k] {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("request {k}: status {status}, identical {}", body["data"] == expected[k]);
-                    }
-                    done.fetch_add(1, Ordering::Relaxed);
-                    i += 1;
-                    // Gaps, so that the model goes idle (and unloads) now and then.
-                    thread::sleep(Duration::from_millis(((i * 37 + c * 11) % 60) as u64));
-                }
-            })
-        })
-        .collect();
+    // Gaps between requests, so that the model goes idle (and unloads) now and then.
+    let clients = common::CheckingClients::start(server.clone(), requests, expected, 4, |i, c| i + c, |i, c| (((i + c) * 37 + c * 11) % 60) as u64);
+    let pause = clients.pause.clone();
 
     // Every 30 s: pause the clients, let the model unload, and sample RSS.
     let unloaded_rss = || {
@@ -103,14 +79,13 @@ fn keep_alive_0_under_concurrent_load() {
         anon.push(a);
         file.push(f);
     }
-    stop.store(true, Ordering::Relaxed);
-    clients.into_iter().for_each(|c| c.join().unwrap());
+    let (done, failed) = clients.finish();
     let loads = server.model_health("all-minilm-l6-v2")["counters"]["loads"].as_u64().unwrap();
     let (first, last) = (samples[0], *samples.last().unwrap());
     println!(
         "soak {seconds} s: {} requests, {} failed, {loads} loads; unloaded RSS first {:.1} MiB, last {:.1} MiB ({:+.1} %), max {:.1} MiB",
-        done.load(Ordering::Relaxed),
-        failed.load(Ordering::Relaxed),
+        done,
+        failed,
         first as f64 / 1024.0,
         last as f64 / 1024.0,
         (last as f64 / first as f64 - 1.0) * 100.0,
@@ -121,7 +96,7 @@ fn keep_alive_0_under_concurrent_load() {
     // and data, reclaimable), apart: a growth in one is not a growth in the other.
     println!("  of which RssAnon: {anon:?}");
     println!("  and RssFile: {file:?}");
-    assert_eq!(failed.load(Ordering::Relaxed), 0);
+    assert_eq!(failed, 0);
     assert!(loads > 10, "the model should have reloaded many times, not {loads}");
     assert!(last as f64 <= first as f64 * 1.05, "RSS grew: {samples:?}");
 }

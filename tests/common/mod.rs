@@ -284,3 +284,64 @@ pub fn dir_bytes(dir: &std::path::Path) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// Clients that post requests in a loop until stopped, pausing while asked to,
+/// and check every answer's `data` against the expected one (soak, churn).
+pub struct CheckingClients {
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub pause: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl CheckingClients {
+    /// `count` clients; client `c` sends request `pick(i, c)` as its i-th, then
+    /// sleeps `gap_ms(i, c)` milliseconds.
+    pub fn start(
+        server: std::sync::Arc<Server>,
+        requests: Vec<Value>,
+        expected: Vec<Value>,
+        count: usize,
+        pick: fn(usize, usize) -> usize,
+        gap_ms: fn(usize, usize) -> u64,
+    ) -> CheckingClients {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Arc;
+        let (stop, pause) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let threads = (0..count)
+            .map(|c| {
+                let (server, requests, expected) = (server.clone(), requests.clone(), expected.clone());
+                let (stop, pause, done, failed) = (stop.clone(), pause.clone(), done.clone(), failed.clone());
+                std::thread::spawn(move || {
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        if pause.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(20));
+                            continue;
+                        }
+                        let k = pick(i, c) % requests.len();
+                        let (status, body) = server.post("/v1/embeddings", &requests[k]);
+                        if status != 200 || body["data"] != expected[k] {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            eprintln!("request {k}: status {status}, identical {}, {}", body["data"] == expected[k], body["error"]);
+                        }
+                        done.fetch_add(1, Ordering::Relaxed);
+                        i += 1;
+                        std::thread::sleep(Duration::from_millis(gap_ms(i, c)));
+                    }
+                })
+            })
+            .collect();
+        CheckingClients { stop, pause, done, failed, threads }
+    }
+
+    /// Stops the clients and waits for them: (requests, failed).
+    pub fn finish(self) -> (u64, u64) {
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads.into_iter().for_each(|t| t.join().unwrap());
+        (self.done.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed))
+    }
+}
