@@ -52,6 +52,7 @@ pub fn open_runtime(name: &str, library: &std::path::Path) -> Result<String, Str
 /// The accelerator devices the engines' runtimes saw when they were opened, by
 /// API, for /health: ncnn's Vulkan devices as (name, kind).
 pub fn visible_devices() -> serde_json::Value {
+    #[cfg_attr(not(feature = "ncnn"), allow(unused_mut))]
     let mut devices = serde_json::Map::new();
     #[cfg(feature = "ncnn")]
     if let Some(list) = eeane_backend_ncnn::visible_devices() {
