@@ -49,6 +49,13 @@ pub fn open_runtime(name: &str, library: &std::path::Path) -> Result<String, Str
     }
 }
 
+/// Hands back what runtimes keep between models (ncnn's GPU instance) before
+/// the process exits; call after the engine threads have ended.
+pub fn release_runtimes_at_exit() {
+    #[cfg(feature = "ncnn")]
+    eeane_backend_ncnn::release_gpu_at_exit();
+}
+
 /// The accelerator devices the engines' runtimes saw when they were opened, by
 /// API, for /health: ncnn's Vulkan devices as (name, kind).
 pub fn visible_devices() -> serde_json::Value {

@@ -159,6 +159,7 @@ fn main() -> ExitCode {
             let result = runtime.block_on(eeane::bench::rerank::run(config, &options));
             drop(runtime);
             eeane::batcher::wait_for_engines(Duration::from_secs(30));
+            eeane::engines::release_runtimes_at_exit();
             match result {
                 Ok(report) => {
                     print!("{}", eeane::bench::rerank::table(&report, &options));
@@ -180,6 +181,7 @@ fn main() -> ExitCode {
             let result = runtime.block_on(eeane::bench::run_buckets(config, &ids, 2.0));
             drop(runtime);
             eeane::batcher::wait_for_engines(Duration::from_secs(30));
+            eeane::engines::release_runtimes_at_exit();
             match result {
                 Ok((figures, table)) => {
                     print!("{table}");
@@ -200,6 +202,7 @@ fn main() -> ExitCode {
             let result = runtime.block_on(eeane::bench::run(config, options.clone()));
             drop(runtime);
             eeane::batcher::wait_for_engines(Duration::from_secs(30));
+            eeane::engines::release_runtimes_at_exit();
             match result {
                 Ok(report) => {
                     print!("{}", eeane::bench::table(&report, &options));
@@ -295,6 +298,7 @@ async fn serve(config: Config, config_flag: Option<PathBuf>, overrides: CliOverr
     }
     service.shutdown();
     eeane::batcher::wait_for_engines(Duration::from_secs(30));
+    eeane::engines::release_runtimes_at_exit();
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }

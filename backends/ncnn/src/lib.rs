@@ -47,6 +47,38 @@ static GPU_LOCK: Mutex<()> = Mutex::new(());
 /// The Vulkan devices seen when the shim was first opened, for /health.
 static DEVICES: OnceLock<Vec<(String, &'static str)>> = OnceLock::new();
 
+/// Bumped each time the last Vulkan net goes; a delayed release acts only if
+/// no net came and went since it was scheduled.
+static GPU_IDLE_GENERATION: AtomicUsize = AtomicUsize::new(0);
+/// How long the GPU instance outlives the last Vulkan net. Creating and
+/// destroying it on every load made NVIDIA's driver refuse a new instance
+/// (vkCreateInstance -9) after about 30 cycles of a keep_alive = 0 churn on
+/// the H200, and ncnn then crashed; a model reloaded within this time reuses
+/// the instance, and an idle server still gives the driver's memory back.
+const GPU_IDLE_RELEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Releases the GPU instance once no Vulkan net has existed for GPU_IDLE_RELEASE.
+fn release_gpu_when_idle(shim: Arc<Shim>) {
+    let generation = GPU_IDLE_GENERATION.fetch_add(1, Ordering::SeqCst) + 1;
+    let _ = std::thread::Builder::new().name("ncnn-gpu-release".into()).spawn(move || {
+        std::thread::sleep(GPU_IDLE_RELEASE);
+        let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        if GPU_IDLE_GENERATION.load(Ordering::SeqCst) == generation {
+            release_gpu_if_unused(&shim);
+        }
+    });
+}
+
+/// Before the process exits: releases the GPU instance now if no net holds it
+/// (a delayed release may still be waiting). ncnn's static destructors must
+/// not be the ones to tear it down: on the H200 that crashed at exit.
+pub fn release_gpu_at_exit() {
+    let Some(Ok(shim)) = SHIM.get() else { return };
+    let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    GPU_IDLE_GENERATION.fetch_add(1, Ordering::SeqCst);
+    release_gpu_if_unused(shim);
+}
+
 /// Destroys the GPU instance when no net uses it (listing devices creates it).
 /// Call with GPU_LOCK held.
 fn release_gpu_if_unused(shim: &Shim) {
@@ -302,10 +334,10 @@ impl Drop for NcnnEngine {
         // SAFETY: the net is live and dropped once.
         unsafe { (self.shim.net_free)(self.net) };
         // The last Vulkan net takes the GPU instance with it, so the driver's
-        // memory goes back (seed 000 saw it held for the process's life).
-        if self.on_gpu {
-            GPU_NETS.fetch_sub(1, Ordering::SeqCst);
-            release_gpu_if_unused(&self.shim);
+        // memory goes back (seed 000 saw it held for the process's life), once
+        // no net has come for GPU_IDLE_RELEASE.
+        if self.on_gpu && GPU_NETS.fetch_sub(1, Ordering::SeqCst) == 1 {
+            release_gpu_when_idle(self.shim.clone());
         }
     }
 }
