@@ -69,6 +69,23 @@ pub struct ServerConfig {
     /// the card driving the desktop, for one.
     #[serde(default)]
     pub forbidden_devices: Vec<String>,
+    /// Where engines run (models that set none).
+    #[serde(default)]
+    pub isolation: Isolation,
+}
+
+/// Where a model's engine runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// In a child process of its own (`eeane engine-host`), fed through a pipe:
+    /// an unload ends the process, so everything the runtime allocated goes
+    /// back to the OS (in-process, allocator fragmentation kept some of it),
+    /// and a runtime crash fails only that model's batch in flight.
+    #[default]
+    Process,
+    /// On a thread of the server process: no process start per load.
+    Thread,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -294,6 +311,9 @@ pub struct ModelConfig {
     /// Overrides server.keep_alive, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_alive: Option<i64>,
+    /// Overrides server.isolation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<Isolation>,
 }
 
 impl ModelConfig {
@@ -307,6 +327,10 @@ impl ModelConfig {
 
     pub fn keep_alive(&self, server: &ServerConfig) -> i64 {
         self.keep_alive.unwrap_or(server.keep_alive)
+    }
+
+    pub fn isolation(&self, server: &ServerConfig) -> Isolation {
+        self.isolation.unwrap_or(server.isolation)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {

@@ -4,6 +4,7 @@
 pub mod batcher;
 pub mod bench;
 pub mod config;
+pub mod engine_host;
 pub mod engines;
 pub mod http;
 pub mod integrity;

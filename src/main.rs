@@ -97,6 +97,10 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Internal: one model's engine in a child process, fed by `eeane serve`
+    /// over stdin/stdout (isolation = "process").
+    #[command(hide = true)]
+    EngineHost,
 }
 
 fn main() -> ExitCode {
@@ -108,6 +112,14 @@ fn main() -> ExitCode {
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).init(),
         LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter()).with_writer(std::io::stderr).init(),
     }
+    if let Command::EngineHost = cli.command {
+        return ExitCode::from(eeane::engine_host::serve_stdio());
+    }
+    // Engine processes log the way the server does (they inherit the environment).
+    std::env::set_var("EEANE_LOG_FORMAT", match cli.log_format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
+    });
     let overrides = || match &cli.command {
         Command::Serve { host, port } => CliOverrides { host: host.clone(), port: *port },
         _ => CliOverrides::default(),
@@ -214,7 +226,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Pull { .. } | Command::Models => unreachable!("handled before the config is required"),
+        Command::Pull { .. } | Command::Models | Command::EngineHost => unreachable!("handled before the config is required"),
         Command::Serve { .. } => {
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
             runtime.block_on(serve(config, cli.config.clone(), overrides()))

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use eeane_backend_core::{EngineError, EngineSpec};
 
-use crate::batcher::{BatchPolicy, Bucket, EngineWorker, Order, Pipeline, WorkerError};
+use crate::batcher::{BatchPolicy, Bucket, EngineWorker, Launch, Order, Pipeline, WorkerError};
 use crate::config::BatchOrder;
 use crate::config::{Config, ModelConfig};
 pub use crate::tokenize::Inputs;
@@ -44,6 +44,8 @@ pub struct LoadedModel {
     /// Width of the model's vectors, measured by a warm-up pass at load.
     pub dimensions: usize,
     pub load_ms: u64,
+    /// Where the engine runs.
+    pub isolation: crate::config::Isolation,
 }
 
 impl LoadedModel {
@@ -62,6 +64,11 @@ impl LoadedModel {
         };
         let loader = crate::engines::loader(&config.engine)
             .ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
+        let isolation = config.isolation(&server.server);
+        let launch = match isolation {
+            crate::config::Isolation::Process => Launch::Process { engine: config.engine.clone() },
+            crate::config::Isolation::Thread => Launch::Thread(loader),
+        };
         let policy = batch_policy(config);
         let mut options: std::collections::BTreeMap<String, String> =
             config.precision.iter().map(|p| ("precision".to_string(), p.clone())).collect();
@@ -97,14 +104,14 @@ impl LoadedModel {
         // A reranker's output is a score: never normalized.
         let normalize = config.normalize && config.kind == crate::config::ModelKind::Embedding;
         let pipeline = Pipeline { pooling: config.pooling, normalize, policy, pad_id: tokenizer.pad_id() };
-        let worker = EngineWorker::start(&config.id, loader, spec, pipeline).await?;
+        let worker = EngineWorker::start(&config.id, launch, spec, pipeline).await?;
         let tokenizer = Arc::new(tokenizer);
         let warm = match config.kind {
             crate::config::ModelKind::Embedding => vec![tokenizer.encode_truncated("eeane")?],
             crate::config::ModelKind::Reranker => tokenizer.encode_pairs("eeane", &["eeane".to_string()], config.max_tokens)?,
         };
         let dimensions = worker.embed(warm, None).await?[0].len();
-        Ok(Self { config: config.clone(), tokenizer, worker, dimensions, load_ms: started.elapsed().as_millis() as u64 })
+        Ok(Self { config: config.clone(), tokenizer, worker, dimensions, load_ms: started.elapsed().as_millis() as u64, isolation })
     }
 
     pub fn engine_info(&self) -> &eeane_backend_core::EngineInfo {

@@ -1,5 +1,7 @@
 //! Pooling, normalization and `dimensions`, shared by every engine.
 
+use eeane_backend_core::{EngineError, EngineOutput, TokenBatch};
+
 use crate::config::Pooling;
 
 /// Pools one row of token states `[seq, dim]` over its first `len` (real) tokens.
@@ -50,6 +52,40 @@ pub fn combine_windows(mut windows: Vec<Vec<f32>>, renormalize: bool) -> Vec<f32
 pub fn truncate_dimensions(v: &mut Vec<f32>, dims: usize) {
     v.truncate(dims);
     normalize(v);
+}
+
+/// Pools an engine's output into one vector per row; `who` names the model and
+/// engine in the error a non-finite output gets.
+pub fn pool_output(output: EngineOutput, batch: &TokenBatch, pooling: Pooling, unit_length: bool, who: &str) -> Result<Vec<Vec<f32>>, EngineError> {
+    let mut vectors: Vec<Vec<f32>> = match (output, pooling) {
+        (EngineOutput::Pooled { data, dim, .. }, Pooling::None) => data.chunks_exact(dim).map(<[f32]>::to_vec).collect(),
+        (EngineOutput::Hidden { data, seq, dim, .. }, pooling @ (Pooling::Mean | Pooling::Cls)) => data
+            .chunks_exact(seq * dim)
+            .zip(&batch.lengths)
+            .map(|(states, &len)| pool(states, dim, len, pooling))
+            .collect(),
+        (EngineOutput::Pooled { .. }, p) => {
+            return Err(EngineError::Model(format!("the graph returns pooled vectors, but the model is configured with pooling = {p:?}; use pooling = \"none\"")))
+        }
+        (EngineOutput::Hidden { .. }, _) => {
+            return Err(EngineError::Model("the graph returns token states, but the model is configured with pooling = \"none\"".into()))
+        }
+    };
+    // A NaN or infinity is never a vector the model means: fail loudly instead,
+    // whatever the engine (on Core ML it is the sign that the Neural Engine is
+    // not really in use: seed 004).
+    if let Some(row) = vectors.iter().position(|v| v.iter().any(|x| !x.is_finite())) {
+        return Err(EngineError::Inference(format!(
+            "{who} produced a non-finite value (NaN or infinity) for sequence {row} of a batch of {}, so nothing is returned. \
+             Likely causes: fp16 overflow (precision = \"fp16\"), a broken or mis-converted graph, or on Core ML the Neural \
+             Engine not really in use",
+            batch.batch
+        )));
+    }
+    if unit_length {
+        vectors.iter_mut().for_each(|v| normalize(v));
+    }
+    Ok(vectors)
 }
 
 #[cfg(test)]

@@ -60,7 +60,7 @@ fn three_models_one_slot_keep_alive_0_mixed_traffic() {
             h["pending_requests"] == 0 && h["models"].as_array().unwrap().iter().all(|m| m["state"] == "unloaded")
         });
         std::thread::sleep(Duration::from_millis(500));
-        let rss = common::proc_status_kib(server.pid(), "VmRSS:");
+        let rss = common::tree_status_kib(server.pid(), "VmRSS:");
         pause.store(false, Ordering::Relaxed);
         rss
     };

@@ -203,3 +203,88 @@ fn a_runtime_of_the_wrong_version_fails_its_models_with_both_versions_named() {
     // A model on another engine is untouched.
     assert_eq!(server.embed(json!("still serving"), json!({"model": "ov"})).len(), 1);
 }
+
+fn engine_pid(server: &Server, model: &str) -> u32 {
+    let health = server.model_health(model);
+    health["engine_pids"][0].as_u64().unwrap_or_else(|| panic!("no engine process for {model}: {health}")) as u32
+}
+
+fn kill_9(pid: u32) {
+    assert!(Command::new("kill").arg("-KILL").arg(pid.to_string()).status().unwrap().success());
+    let until = Instant::now() + Duration::from_secs(5);
+    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z ")) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// isolation = "process" (the default): an engine process that dies (here
+/// SIGKILL, as the kernel's OOM killer or a segfaulting runtime would end it)
+/// costs at most the batch it was running: that request gets a 500 naming the
+/// model, the server and the other models carry on, and the engine starts
+/// again with its model's next batch, giving the same vectors.
+#[test]
+fn a_killed_engine_process_fails_only_its_batch_and_starts_again() {
+    let config = [
+        common::model_entry("victim", "all-minilm-l6-v2", "keep_alive = -1"),
+        common::model_entry("bystander", "all-minilm-l6-v2-int8", "keep_alive = -1"),
+    ]
+    .concat();
+    let server = Server::start(Some(&config), &[]);
+    let texts = json!(["a killed engine", "starts again", "with the same vectors"]);
+    let expected = server.embed(texts.clone(), json!({"model": "victim"}));
+    let bystander = server.embed(texts.clone(), json!({"model": "bystander"}));
+
+    // Killed while idle: the next request starts it again and is answered.
+    let first = engine_pid(&server, "victim");
+    assert!(common::descendants(server.pid()).contains(&first), "the engine runs in a child of the server");
+    kill_9(first);
+    assert_eq!(server.embed(texts.clone(), json!({"model": "victim"})), expected, "bit-identical after the restart");
+    let second = engine_pid(&server, "victim");
+    assert_ne!(first, second);
+    assert_eq!(server.model_health("victim")["engine_restarts"], 1);
+
+    // Killed in the middle of a long request: that request fails, with a reason.
+    let long: Vec<String> = (0..160).map(|i| format!("text {i} {}", "lorem ipsum dolor sit amet ".repeat(60))).collect();
+    let batches_before = server.model_health("victim")["engine_calls"]["batches"].as_u64().unwrap();
+    let url = server.url.clone();
+    let request = std::thread::spawn(move || {
+        let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(300)).build().unwrap();
+        let response = client.post(format!("{url}/v1/embeddings")).json(&json!({"input": long, "model": "victim"})).send().unwrap();
+        (response.status().as_u16(), response.json::<serde_json::Value>().unwrap())
+    });
+    server.wait_for_health("the long request under way", Duration::from_secs(30), |h| {
+        h["models"].as_array().unwrap().iter().any(|m| m["id"] == "victim" && m["engine_calls"]["batches"].as_u64() > Some(batches_before))
+    });
+    kill_9(second);
+    let (status, body) = request.join().unwrap();
+    println!("killed mid-request: {status} {}", body["error"]["message"]);
+    assert_eq!(status, 500, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("\"victim\"") && message.contains("engine process") && message.contains("SIGKILL"), "{message}");
+    // The other model never noticed; the victim serves again, unchanged.
+    assert_eq!(server.embed(texts.clone(), json!({"model": "bystander"})), bystander);
+    assert_eq!(server.embed(texts.clone(), json!({"model": "victim"})), expected);
+    assert_eq!(server.model_health("victim")["engine_restarts"], 2);
+    let (_, metrics) = server.get_text("/metrics");
+    assert!(metrics.contains("eeane_engine_restarts_total{model=\"victim\"} 2"), "{metrics}");
+    assert_eq!(common::descendants(server.pid()).len(), 2, "one engine process per loaded model, no strays");
+}
+
+/// isolation = "thread" runs the engine inside the server: same vectors, bit
+/// for bit, and no engine process.
+#[test]
+fn thread_isolation_serves_the_same_vectors_without_a_process() {
+    let config = [
+        common::model_entry("in-process", "all-minilm-l6-v2", "isolation = \"thread\""),
+        common::model_entry("in-child", "all-minilm-l6-v2", ""),
+    ]
+    .concat();
+    let server = Server::start(Some(&config), &[]);
+    let texts = json!(common::fixture_texts());
+    let in_process = server.embed(texts.clone(), json!({"model": "in-process"}));
+    assert_eq!(common::descendants(server.pid()), Vec::<u32>::new());
+    let health = server.model_health("in-process");
+    assert_eq!((health["isolation"].as_str(), health.get("engine_pids")), (Some("thread"), None), "{health}");
+    assert_eq!(server.embed(texts, json!({"model": "in-child"})), in_process);
+    assert_eq!(server.model_health("in-child")["isolation"], "process");
+}

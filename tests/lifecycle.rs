@@ -315,9 +315,16 @@ fn reload_adds_and_removes_models_and_refuses_a_broken_file() {
     assert!(server.stderr().contains("reload refused"), "the broken SIGHUP reload was logged");
 }
 
+/// The server's RSS with its engine processes'.
 fn rss_kib(pid: u32) -> u64 {
-    let status = |field| common::proc_status_kib(pid, field);
-    eprintln!("  RssAnon {} KiB, RssFile {} KiB, threads {}", status("RssAnon:"), status("RssFile:"), status("Threads:"));
+    let status = |field| common::tree_status_kib(pid, field);
+    eprintln!(
+        "  RssAnon {} KiB, RssFile {} KiB, server threads {}, engine processes {:?}",
+        status("RssAnon:"),
+        status("RssFile:"),
+        common::proc_status_kib(pid, "Threads:"),
+        common::descendants(pid)
+    );
     status("VmRSS:")
 }
 
@@ -346,7 +353,7 @@ fn settled_rss_kib(pid: u32, target: u64) -> u64 {
     let mut samples = Vec::new();
     while started.elapsed() < Duration::from_secs(10) {
         thread::sleep(Duration::from_millis(200));
-        let now = common::proc_status_kib(pid, "VmRSS:");
+        let now = common::tree_status_kib(pid, "VmRSS:");
         samples.push(now);
         least = least.min(now);
         if least as f64 <= target as f64 * 1.05 {

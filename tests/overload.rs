@@ -65,7 +65,7 @@ fn ten_times_capacity_gets_only_200_429_503_and_recovers_at_once() {
     let capacity = hammer(&server.url, 4, 3.0);
     assert!(capacity.iter().all(|a| a.status == 200));
     let served_per_second = capacity.len() as f64 / 3.0;
-    let rss_before = common::proc_status_kib(server.pid(), "VmRSS:");
+    let rss_before = common::tree_status_kib(server.pid(), "VmRSS:");
 
     // Overload: 96 clients without pause; refusals come back at once, so the
     // offered rate is many times the capacity.
@@ -75,7 +75,7 @@ fn ten_times_capacity_gets_only_200_429_503_and_recovers_at_once() {
         let (rss_max, sampling, pid) = (rss_max.clone(), sampling.clone(), server.pid());
         std::thread::spawn(move || {
             while sampling.load(Ordering::Relaxed) {
-                rss_max.fetch_max(common::proc_status_kib(pid, "VmRSS:"), Ordering::Relaxed);
+                rss_max.fetch_max(common::tree_status_kib(pid, "VmRSS:"), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(200));
             }
         })

@@ -16,7 +16,7 @@ use common::{model_entry, Server};
 use serde_json::{json, Value};
 
 fn rss_kib(pid: u32) -> u64 {
-    common::proc_status_kib(pid, "VmRSS:")
+    common::tree_status_kib(pid, "VmRSS:")
 }
 
 #[test]
@@ -63,10 +63,16 @@ fn keep_alive_0_under_concurrent_load() {
         let rss = (0..3)
             .map(|_| {
                 thread::sleep(Duration::from_millis(400));
-                (rss_kib(server.pid()), common::proc_status_kib(server.pid(), "RssAnon:"), common::proc_status_kib(server.pid(), "RssFile:"))
+                (rss_kib(server.pid()), common::tree_status_kib(server.pid(), "RssAnon:"), common::tree_status_kib(server.pid(), "RssFile:"))
             })
             .min()
             .unwrap();
+        // EEANE_SOAK_SMAPS=DIR keeps each sample's /proc/PID/smaps, to see
+        // which mapping (main heap, second arena, stacks, libraries) grew.
+        if let Some(dir) = std::env::var_os("EEANE_SOAK_SMAPS") {
+            let n = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+            let _ = std::fs::copy(format!("/proc/{}/smaps", server.pid()), std::path::Path::new(&dir).join(format!("smaps.{n:03}")));
+        }
         pause.store(false, Ordering::Relaxed);
         rss
     };

@@ -13,13 +13,14 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use eeane_backend_core::{EngineError, EngineInfo, EngineLoader, EngineOutput, EngineSpec, InputShapes, TokenBatch};
+use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineLoader, EngineSpec, InputShapes, TokenBatch};
 use tokio::sync::oneshot;
 
 pub use plan::{BatchPolicy, Bucket, Order, Planned, Pool};
 
 use crate::config::Pooling;
-use crate::pooling::{normalize, pool};
+use crate::engine_host::{HostedEngine, HostedModel};
+use crate::pooling::pool_output;
 use crate::tokenize::Encoded;
 
 /// What the worker does with engine output, and how it forms batches.
@@ -81,6 +82,64 @@ pub struct WorkerStats {
     pub waiting_sequences: AtomicU64,
     /// Batches per device, in the order the devices loaded.
     pub device_batches: std::sync::Mutex<Vec<u64>>,
+    /// Each device's engine process (isolation = "process"), by device.
+    pub engine_pids: std::sync::Mutex<Vec<Option<u32>>>,
+    /// Engine processes started again after they died.
+    pub engine_restarts: AtomicU64,
+}
+
+/// How a device thread gets its engine.
+#[derive(Debug, Clone)]
+pub enum Launch {
+    /// Loaded on the device thread itself.
+    Thread(EngineLoader),
+    /// In a child process (`eeane engine-host`) that the device thread feeds.
+    Process { engine: String },
+}
+
+/// A device thread's engine, wherever it runs.
+enum Runner {
+    Thread(Box<dyn Engine>),
+    Process(HostedEngine),
+}
+
+impl Runner {
+    fn start(launch: &Launch, model: &str, spec: EngineSpec, pipeline: &Pipeline) -> Result<Self, EngineError> {
+        match launch {
+            Launch::Thread(loader) => loader(&spec).map(Runner::Thread),
+            Launch::Process { engine } => HostedEngine::start(HostedModel {
+                model: model.to_string(),
+                engine: engine.clone(),
+                spec,
+                pooling: pipeline.pooling,
+                normalize: pipeline.normalize,
+            })
+            .map(Runner::Process),
+        }
+    }
+
+    fn info(&self) -> &EngineInfo {
+        match self {
+            Runner::Thread(engine) => engine.info(),
+            Runner::Process(hosted) => hosted.info(),
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Runner::Thread(_) => None,
+            Runner::Process(hosted) => hosted.pid(),
+        }
+    }
+
+    /// One vector per row of `batch`, pooled, checked and normalized.
+    fn run(&mut self, batch: &TokenBatch, pipeline: &Pipeline, who: &str) -> Result<Vec<Vec<f32>>, EngineError> {
+        match self {
+            Runner::Thread(engine) => catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(batch)?, batch, pipeline.pooling, pipeline.normalize, who)))
+                .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into()))),
+            Runner::Process(hosted) => hosted.run(batch),
+        }
+    }
 }
 
 /// A handle to a running model: one dispatcher thread that plans batches
@@ -117,7 +176,15 @@ struct Device {
     info: EngineInfo,
 }
 
-fn start_device(name: &str, index: usize, loader: EngineLoader, spec: EngineSpec, pipeline: Pipeline, events: mpsc::Sender<Event>) -> Result<Device, EngineError> {
+fn start_device(
+    name: &str,
+    index: usize,
+    launch: Launch,
+    spec: EngineSpec,
+    pipeline: Pipeline,
+    events: mpsc::Sender<Event>,
+    stats: Arc<WorkerStats>,
+) -> Result<Device, EngineError> {
     let (work, queue) = mpsc::channel::<Work>();
     let (ready_tx, ready_rx) = mpsc::channel();
     let model = name.to_string();
@@ -133,7 +200,7 @@ fn start_device(name: &str, index: usize, loader: EngineLoader, spec: EngineSpec
                 }
             }
             let _alive = Alive;
-            let mut engine = match loader(&spec) {
+            let mut engine = match Runner::start(&launch, &model, spec, &pipeline) {
                 Ok(engine) => engine,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -147,10 +214,23 @@ fn start_device(name: &str, index: usize, loader: EngineLoader, spec: EngineSpec
                 metrics::histogram!("eeane_batch_tokens", "model" => model.clone()),
                 metrics::histogram!("eeane_inference_seconds", "model" => model.clone()),
             );
+            let show_pid = |engine: &Runner| {
+                let mut pids = stats.engine_pids.lock().unwrap();
+                if pids.len() <= index {
+                    pids.resize(index + 1, None);
+                }
+                pids[index] = engine.pid();
+            };
+            show_pid(&engine);
+            let mut restarts_counted = 0;
             for Work { batch, items } in queue {
                 let started = Instant::now();
-                let result = catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, &pipeline, &who)))
-                    .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
+                let result = engine.run(&batch, &pipeline, &who);
+                if let Runner::Process(hosted) = &engine {
+                    stats.engine_restarts.fetch_add(hosted.restarts - restarts_counted, Ordering::Relaxed);
+                    restarts_counted = hosted.restarts;
+                    show_pid(&engine);
+                }
                 seconds.record(started.elapsed().as_secs_f64());
                 rows.record(batch.batch as f64);
                 tokens.record((batch.batch * batch.seq) as f64);
@@ -176,7 +256,7 @@ impl EngineWorker {
     /// order of preference), each on a thread of its own, and waits until they
     /// are ready. A device that fails with a device error is skipped and shown
     /// in the info's device; the model fails only when no device loads.
-    pub async fn start(name: &str, loader: EngineLoader, spec: EngineSpec, pipeline: Pipeline) -> Result<Self, EngineError> {
+    pub async fn start(name: &str, launch: Launch, spec: EngineSpec, pipeline: Pipeline) -> Result<Self, EngineError> {
         let (events, inbox) = mpsc::channel::<Event>();
         let (ready_tx, ready_rx) = oneshot::channel();
         let stats = Arc::new(WorkerStats::default());
@@ -189,7 +269,7 @@ impl EngineWorker {
                 let (mut devices, mut skipped) = (Vec::new(), Vec::new());
                 for device in &asked {
                     let spec = EngineSpec { device: device.clone(), ..spec.clone() };
-                    match start_device(&name, devices.len(), loader, spec, pipeline.clone(), thread_events.clone()) {
+                    match start_device(&name, devices.len(), launch.clone(), spec, pipeline.clone(), thread_events.clone(), thread_stats.clone()) {
                         Ok(d) => devices.push(d),
                         Err(EngineError::Device(why)) if asked.len() > 1 => {
                             tracing::warn!(model = %name, device, "device skipped: {why}");
@@ -381,40 +461,6 @@ fn token_batch(pipeline: &Pipeline, active: &HashMap<u64, Active>, planned: &Pla
     batch
 }
 
-/// Pools an engine's output into one vector per row; `who` names the model and
-/// engine in the error a non-finite output gets.
-fn pool_output(output: EngineOutput, batch: &TokenBatch, pipeline: &Pipeline, who: &str) -> Result<Vec<Vec<f32>>, EngineError> {
-    let mut vectors: Vec<Vec<f32>> = match (output, pipeline.pooling) {
-        (EngineOutput::Pooled { data, dim, .. }, Pooling::None) => data.chunks_exact(dim).map(<[f32]>::to_vec).collect(),
-        (EngineOutput::Hidden { data, seq, dim, .. }, pooling @ (Pooling::Mean | Pooling::Cls)) => data
-            .chunks_exact(seq * dim)
-            .zip(&batch.lengths)
-            .map(|(states, &len)| pool(states, dim, len, pooling))
-            .collect(),
-        (EngineOutput::Pooled { .. }, p) => {
-            return Err(EngineError::Model(format!("the graph returns pooled vectors, but the model is configured with pooling = {p:?}; use pooling = \"none\"")))
-        }
-        (EngineOutput::Hidden { .. }, _) => {
-            return Err(EngineError::Model("the graph returns token states, but the model is configured with pooling = \"none\"".into()))
-        }
-    };
-    // A NaN or infinity is never a vector the model means: fail loudly instead,
-    // whatever the engine (on Core ML it is the sign that the Neural Engine is
-    // not really in use: seed 004).
-    if let Some(row) = vectors.iter().position(|v| v.iter().any(|x| !x.is_finite())) {
-        return Err(EngineError::Inference(format!(
-            "{who} produced a non-finite value (NaN or infinity) for sequence {row} of a batch of {}, so nothing is returned. \
-             Likely causes: fp16 overflow (precision = \"fp16\"), a broken or mis-converted graph, or on Core ML the Neural \
-             Engine not really in use",
-            batch.batch
-        )));
-    }
-    if pipeline.normalize {
-        vectors.iter_mut().for_each(|v| normalize(v));
-    }
-    Ok(vectors)
-}
-
 /// Hands memory freed by an unloaded engine back to the OS, so that an unload
 /// shows in the process's resident size (glibc keeps freed heap otherwise).
 fn release_freed_memory() {
@@ -428,7 +474,7 @@ fn release_freed_memory() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eeane_backend_core::Engine;
+    use eeane_backend_core::{Engine, EngineOutput};
 
     /// Returns each token's id as its state, so pooling is checkable by hand.
     struct EchoEngine(EngineInfo);
@@ -493,7 +539,7 @@ mod tests {
     async fn several_devices_pull_from_one_pool() {
         let pipeline = two_per_batch();
         let spec = EngineSpec { device: "a,missing,b".into(), ..EngineSpec::default() };
-        let worker = EngineWorker::start("echo", slow_echo, spec, pipeline).await.unwrap();
+        let worker = EngineWorker::start("echo", Launch::Thread(slow_echo), spec, pipeline).await.unwrap();
         assert_eq!(worker.info().device, "a + b (missing: missing)");
         let seqs: Vec<Encoded> = (1..=40).map(|i| Encoded { ids: vec![i; 1 + i as usize % 5], type_ids: vec![0; 1 + i as usize % 5] }).collect();
         let got = worker.embed(seqs, None).await.unwrap();
@@ -506,7 +552,7 @@ mod tests {
     #[tokio::test]
     async fn vectors_come_back_in_input_order_across_batches() {
         let pipeline = two_per_batch();
-        let worker = EngineWorker::start("echo", echo, EngineSpec::default(), pipeline).await.unwrap();
+        let worker = EngineWorker::start("echo", Launch::Thread(echo), EngineSpec::default(), pipeline).await.unwrap();
         let seqs: Vec<Encoded> = [vec![4, 4, 4, 4], vec![2], vec![6, 8], vec![10, 10, 10]]
             .into_iter()
             .map(|ids| Encoded { type_ids: vec![0; ids.len()], ids })

@@ -74,6 +74,12 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
                     "real_tokens": load(&stats.real_tokens),
                     "per_device": *stats.device_batches.lock().unwrap(),
                 });
+                entry["isolation"] = json!(model.isolation);
+                if model.isolation == crate::config::Isolation::Process {
+                    // The engine's own process per device, for `ps`/`top` and for its memory.
+                    entry["engine_pids"] = json!(*stats.engine_pids.lock().unwrap());
+                    entry["engine_restarts"] = json!(load(&stats.engine_restarts));
+                }
             }
             // Flatten the status fields next to the others.
             if let Some(Value::Object(status)) = entry.as_object_mut().and_then(|e| e.remove("status")) {

@@ -12,7 +12,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use super::AppState;
 use crate::registry::SlotState;
@@ -23,7 +23,20 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 /// `metrics` facade has a single global recorder).
 pub fn handle() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
-        let recorder = PrometheusBuilder::new().build_recorder();
+        // Histograms with fixed buckets, not summaries: their memory is a few
+        // counters each, where a summary's rolling sketches were reallocated as
+        // they filled, and fragmented the heap of a long-running server (a
+        // keep_alive = 0 soak grew past 5 % with them); and buckets add up
+        // across replicas behind a load balancer, where quantiles do not.
+        let buckets = [
+            (Matcher::Suffix("_seconds".into()), &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0][..]),
+            (Matcher::Full("eeane_batch_rows".into()), &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0][..]),
+            (Matcher::Full("eeane_batch_tokens".into()), &[16.0, 64.0, 256.0, 1024.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0][..]),
+        ];
+        let builder = buckets.into_iter().fold(PrometheusBuilder::new(), |builder, (matcher, bounds)| {
+            builder.set_buckets_for_metric(matcher, bounds).expect("bucket bounds are non-empty")
+        });
+        let recorder = builder.build_recorder();
         let handle = recorder.handle();
         // Another recorder already installed (a host program's) leaves ours unused but harmless.
         let _ = metrics::set_global_recorder(recorder);

@@ -154,6 +154,11 @@ impl Server {
         (response.status().as_u16(), response.json().unwrap_or(Value::Null))
     }
 
+    pub fn get_text(&self, path: &str) -> (u16, String) {
+        let response = client().get(format!("{}{path}", self.url)).send().expect("request");
+        (response.status().as_u16(), response.text().unwrap_or_default())
+    }
+
     /// The /health entry of model `id`.
     pub fn model_health(&self, id: &str) -> Value {
         let (_, health) = self.get("/health");
@@ -265,6 +270,36 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with(field)).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// `field` (VmRSS:, RssAnon:, ...) summed over `pid` and every process under
+/// it: the server and its engine processes (isolation = "process"), which
+/// together are what the server costs. A process that ends meanwhile counts 0.
+pub fn tree_status_kib(pid: u32, field: &str) -> u64 {
+    let of = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()))
+            .unwrap_or(0)
+    };
+    descendants(pid).into_iter().map(of).sum::<u64>() + of(pid)
+}
+
+/// The processes below `pid`, from /proc/PID/task/*/children.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
+        for task in tasks.flatten() {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()) {
+                found.push(child);
+                queue.push(child);
+            }
+        }
+    }
+    found
 }
 
 /// A model directory prepared by `models/prepare.py NAME` (e5-small-enpt and its twins).

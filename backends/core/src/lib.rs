@@ -2,15 +2,18 @@
 //!
 //! An engine takes token ids and an attention mask and returns vectors. It knows
 //! nothing of HTTP, TOML, tokenizers, pooling or other engines, and it is
-//! synchronous: eeane runs each engine on a thread of its own and feeds it
-//! through a channel. Unloading is dropping it.
+//! synchronous: eeane runs each engine on a thread of its own (in a child
+//! process of its own by default) and feeds it through a channel or a pipe, so
+//! the types that cross are serializable. Unloading is dropping it.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 /// A padded batch of token sequences, row-major `[batch, seq]`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenBatch {
     pub input_ids: Vec<i64>,
     pub attention_mask: Vec<i64>,
@@ -56,7 +59,7 @@ pub enum EngineOutput {
 }
 
 /// The shapes an engine accepts, so the batcher can form batches it can run.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum InputShapes {
     /// Any batch and sequence length (ONNX Runtime with dynamic axes).
     Dynamic,
@@ -68,7 +71,7 @@ pub enum InputShapes {
 }
 
 /// An engine's description of itself, reported in /health and logs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineInfo {
     /// The engine's name, e.g. "onnxruntime".
     pub engine: String,
@@ -90,7 +93,7 @@ pub struct EngineInfo {
 }
 
 /// What an engine needs to load one model. Paths are absolute.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct EngineSpec {
     pub model_path: PathBuf,
     /// The runtime library to open, for engines that open theirs at run time.
@@ -108,7 +111,7 @@ pub struct EngineSpec {
     pub shapes: Vec<(usize, usize)>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EngineError {
     /// The runtime library is missing or unusable.
     Runtime(String),
