@@ -65,9 +65,10 @@ impl LoadedModel {
         let loader = crate::engines::loader(&config.engine)
             .ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
         let isolation = config.isolation(&server.server);
+        // `isolation()` has resolved `auto` already.
         let launch = match isolation {
-            crate::config::Isolation::Process => Launch::Process { engine: config.engine.clone() },
             crate::config::Isolation::Thread => Launch::Thread(loader),
+            crate::config::Isolation::Process | crate::config::Isolation::Auto => Launch::Process { engine: config.engine.clone() },
         };
         let policy = batch_policy(config);
         let mut options: std::collections::BTreeMap<String, String> =

@@ -65,6 +65,10 @@ fn ncnn_on_cpu_and_vulkan_by_name_matches_onnxruntime() {
     let vulkan = server.model_health("ncnn-vulkan");
     assert!(vulkan["device"].as_str().unwrap().starts_with("vulkan:llvmpipe"), "{vulkan}");
     assert!(vulkan["accelerated_layers"]["on_device"].as_u64().unwrap() > 0, "no layer reached Vulkan: {vulkan}");
+    // isolation = "auto": a Vulkan model runs in the server (one Vulkan
+    // instance for every GPU model), a CPU one in its own process.
+    assert_eq!(vulkan["isolation"], "thread", "{vulkan}");
+    assert_eq!(server.model_health("ncnn-cpu")["isolation"], "process");
     for (id, needle) in [("by-index", "not by an index"), ("absent", "visible")] {
         let (status, response) = server.post("/v1/embeddings", &json!({"model": id, "input": "x"}));
         assert_eq!(status, 503, "{id}: {response}");

@@ -214,14 +214,19 @@ fn start_device(
                 metrics::histogram!("eeane_batch_tokens", "model" => model.clone()),
                 metrics::histogram!("eeane_inference_seconds", "model" => model.clone()),
             );
-            let show_pid = |engine: &Runner| {
-                let mut pids = stats.engine_pids.lock().unwrap();
-                if pids.len() <= index {
-                    pids.resize(index + 1, None);
+            // The engine process's pid for /health, updated when a restart changes it.
+            let mut shown_pid = None;
+            let mut show_pid = |pid: Option<u32>| {
+                if pid != shown_pid {
+                    let mut pids = stats.engine_pids.lock().unwrap();
+                    if pids.len() <= index {
+                        pids.resize(index + 1, None);
+                    }
+                    pids[index] = pid;
+                    shown_pid = pid;
                 }
-                pids[index] = engine.pid();
             };
-            show_pid(&engine);
+            show_pid(engine.pid());
             let mut restarts_counted = 0;
             for Work { batch, items } in queue {
                 let started = Instant::now();
@@ -229,7 +234,7 @@ fn start_device(
                 if let Runner::Process(hosted) = &engine {
                     stats.engine_restarts.fetch_add(hosted.restarts - restarts_counted, Ordering::Relaxed);
                     restarts_counted = hosted.restarts;
-                    show_pid(&engine);
+                    show_pid(hosted.pid());
                 }
                 seconds.record(started.elapsed().as_secs_f64());
                 rows.record(batch.batch as f64);

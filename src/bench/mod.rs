@@ -98,9 +98,12 @@ fn snapshot(model: &LoadedModel) -> (u64, u64, u64) {
     (s.batches.load(Ordering::Relaxed), s.padded_tokens.load(Ordering::Relaxed), s.real_tokens.load(Ordering::Relaxed))
 }
 
-/// Phases 1 and 4: the whole corpus as one job to a model loaded in-process.
+/// Phases 1 and 4: the whole corpus as one job to a model loaded in-process
+/// (on a thread, whatever the config's isolation: the server phases use that,
+/// so their ratio to these includes the engine process's pipe).
 async fn in_process(label: &'static str, name: &'static str, config: &ModelConfig, server: &Config, texts: &[String]) -> Result<(Phase, usize), String> {
-    let model = LoadedModel::load(config, server).await.map_err(|e| e.to_string())?;
+    let config = ModelConfig { isolation: Some(crate::config::Isolation::Thread), ..config.clone() };
+    let model = LoadedModel::load(&config, server).await.map_err(|e| e.to_string())?;
     model.embed(Arc::new(Inputs::Texts(texts[..texts.len().min(64)].to_vec())), None).await.map_err(|e| e.to_string())?;
     let bar = progress(label, texts.len());
     let before = snapshot(&model);

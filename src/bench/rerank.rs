@@ -48,7 +48,8 @@ pub async fn run(config: Config, options: &BenchOptions) -> Result<RerankReport,
     let documents = corpus(options.texts, options.seed);
     eprintln!("eeane bench --rerank: model {}, {} documents, {} per request", model.id, documents.len(), options.batch);
 
-    let engine = LoadedModel::load(&ModelConfig { max_batch: options.batch, ..model.clone() }, &config).await.map_err(|e| e.to_string())?;
+    let in_process = ModelConfig { max_batch: options.batch, isolation: Some(crate::config::Isolation::Thread), ..model.clone() };
+    let engine = LoadedModel::load(&in_process, &config).await.map_err(|e| e.to_string())?;
     engine.embed(Arc::new(inputs(&model, documents[..documents.len().min(32)].to_vec())), None).await.map_err(|e| e.to_string())?;
     let started = Instant::now();
     engine.embed(Arc::new(inputs(&model, documents.clone())), None).await.map_err(|e| e.to_string())?;

@@ -1,5 +1,6 @@
 """ONNX Runtime's own memory per session created and destroyed, without eeane:
-the baseline for eeane's keep_alive=0 soak.
+what a model loaded and unloaded on a thread of the server (isolation =
+"thread") leaves in its heap; in an engine process it ends with the process.
 
     ~/.cache/eeane/venv/bin/python tests/reference/ort_session_churn.py [MODEL.onnx] [CYCLES] [VARIANT]
 
