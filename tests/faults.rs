@@ -2,7 +2,8 @@
 //! SIGKILL in the middle of a model load followed by a restart. Each gives a
 //! clear message, the other models keep serving, and nothing left in the cache
 //! breaks the next start; a runtime library of the wrong version fails its
-//! models by name. (A missing or foreign runtime library: preflight.rs;
+//! models by name; an engine process that dies costs only its batch, and
+//! engine processes end with their server. (A missing or foreign runtime library: preflight.rs;
 //! an absent Vulkan device: ncnn.rs; a disk filling during a download: pull.rs;
 //! a NaN-producing model: bad_input.rs.)
 
@@ -287,4 +288,21 @@ fn thread_isolation_serves_the_same_vectors_without_a_process() {
     assert_eq!((health["isolation"].as_str(), health.get("engine_pids")), (Some("thread"), None), "{health}");
     assert_eq!(server.embed(texts, json!({"model": "in-child"})), in_process);
     assert_eq!(server.model_health("in-child")["isolation"], "process");
+}
+
+/// The engine processes end with the server however it ends, SIGKILL
+/// included: their input closes, and they exit instead of lingering.
+#[test]
+fn engine_processes_end_when_the_server_is_killed() {
+    let mut server = Server::start(Some(&common::model_entry("m", "all-minilm-l6-v2", "")), &[]);
+    server.embed(json!("load it"), json!({}));
+    let engine = engine_pid(&server, "m");
+    server.signal("KILL");
+    assert!(server.wait_exit(Duration::from_secs(10)).is_some());
+    let until = Instant::now() + Duration::from_secs(10);
+    let alive = || std::fs::read_to_string(format!("/proc/{engine}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    while alive() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(), "engine process {engine} outlived its server");
 }
