@@ -353,7 +353,8 @@ async fn shutdown_signal() {
 /// left tens of MiB behind after an unload. The server uses one arena: with
 /// the engines in their own processes it allocates little, and its heap's
 /// growth over a keep_alive = 0 soak sat in the second arena (600 s: +3.6 %
-/// and +4.4 % with two, +2.8 % and flat after five minutes with one). An
+/// and +4.4 % with two, +2.8 % and +2.0 % with one, flat after five or six
+/// minutes). An
 /// engine process (`engine_host`), where the runtime's compute threads
 /// allocate at once, keeps two.
 ///
