@@ -354,9 +354,8 @@ async fn shutdown_signal() {
 /// the engines in their own processes it allocates little, and its heap's
 /// growth over a keep_alive = 0 soak sat in the second arena (600 s: +3.6 %
 /// and +4.4 % with two, +2.8 % and +2.0 % with one, flat after five or six
-/// minutes). An
-/// engine process (`engine_host`), where the runtime's compute threads
-/// allocate at once, keeps two.
+/// minutes). An engine process (`engine_host`), where the runtime's compute
+/// threads allocate at once, keeps two.
 ///
 /// glibc also raises its mmap threshold (up to 32 MiB) each time a large mmapped
 /// block is freed, so after the first unload the next model's large buffers
