@@ -13,7 +13,7 @@ pub const DEFAULTS: &str = include_str!("../config/default.toml");
 
 /// `EEANE_<KEY>` sets `server.<key>` for these.
 const SHORT_SERVER_KEYS: &[&str] =
-    &["host", "port", "api_key", "max_inputs", "max_request_bytes", "keep_alive", "max_loaded_models", "max_pending_requests", "queue_timeout", "accept_token_ids"];
+    &["host", "port", "api_key", "max_inputs", "max_request_bytes", "keep_alive", "max_loaded_models", "max_pending_requests", "queue_timeout", "accept_token_ids", "max_connections"];
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -72,6 +72,34 @@ pub struct ServerConfig {
     /// Where engines run (models that set none).
     #[serde(default)]
     pub isolation: Isolation,
+    /// Seconds a client has to send a whole request head (request line and
+    /// headers), counted from its first byte, or from the accept for a new
+    /// connection. 0 = no limit.
+    pub header_read_timeout: u64,
+    /// Seconds a request body may go without a byte arriving: progress, not
+    /// total time, so a large body on a slow link passes and a stalled one is
+    /// cut (408). 0 = no limit.
+    pub body_read_timeout: u64,
+    /// Seconds a kept-alive connection may wait for its next request before
+    /// it is closed. Longer than a proxy's pool timeout (nginx: 60 s), so the
+    /// proxy, not eeane, closes its idle connections. 0 = no limit.
+    pub idle_connection_timeout: u64,
+    /// Seconds writing a response may make no progress (a client that stopped
+    /// reading) before the connection is cut. 0 = no limit.
+    pub write_timeout: u64,
+    /// Most client connections open at once; past it the connection idle or
+    /// stuck longest is closed to make room, or the new one is refused. Unset:
+    /// the open-file limit less a reserve for models, engine pipes and
+    /// runtimes (`http::connections::connection_cap`); a larger value is held to that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+}
+
+impl ServerConfig {
+    /// A timeout key in seconds as a Duration; 0 means none.
+    pub fn timeout(seconds: u64) -> Option<std::time::Duration> {
+        (seconds > 0).then(|| std::time::Duration::from_secs(seconds))
+    }
 }
 
 /// Where a model's engine runs.
@@ -473,6 +501,9 @@ impl Config {
         let invalid = |key: String, message: String| Err(ConfigError::Invalid { key, message });
         if self.server.max_inputs == 0 {
             return invalid("server.max_inputs".into(), "must be at least 1".into());
+        }
+        if self.server.max_connections == Some(0) {
+            return invalid("server.max_connections".into(), "must be at least 1 (leave it unset for the open-file limit less a reserve)".into());
         }
         if self.models.is_empty() {
             return invalid("models".into(), "no [[models]] entry".into());

@@ -1,5 +1,3 @@
-use std::future::IntoFuture;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -7,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use eeane::config::{find_file, CliOverrides, Config};
+use eeane::http::connections::ConnectionLimits;
 use eeane::http::{router, AppState};
 use eeane::bench::BenchOptions;
 use eeane::serving::Service;
@@ -264,6 +263,8 @@ async fn serve(config: Config, config_flag: Option<PathBuf>, overrides: CliOverr
     // handles when it starts, and handles taken before the recorder record nothing.
     eeane::http::install_metrics();
     let shutdown_timeout = config.server.graceful_shutdown_timeout.map(Duration::from_secs);
+    // Before anything opens files: connections, engine pipes and model files share the limit.
+    let open_file_limit = eeane::http::connections::raise_open_file_limit();
     let service = Arc::new(Service::new(config, config_flag, overrides));
     // Preflight: resident models load and answer before the port is bound.
     if let Err(reason) = service.preflight().await {
@@ -272,7 +273,7 @@ async fn serve(config: Config, config_flag: Option<PathBuf>, overrides: CliOverr
     }
     let live = service.live();
     let address = format!("{}:{}", live.config.server.host, live.config.server.port);
-    let listener = match tokio::net::TcpListener::bind(&address).await {
+    let listener = match eeane::http::connections::bind(&address).await {
         Ok(listener) => listener,
         Err(e) => {
             eprintln!("eeane: cannot bind {address}: {e}");
@@ -287,9 +288,16 @@ async fn serve(config: Config, config_flag: Option<PathBuf>, overrides: CliOverr
     tokio::spawn(reload_on_sighup(service.clone()));
     // Tests and scripts read this line to learn the port.
     println!("eeane: listening on http://{local}");
-    let app = router(AppState { service: service.clone() }).into_make_service_with_connect_info::<SocketAddr>();
+    let limits = {
+        let service = service.clone();
+        move || {
+            let live = service.live();
+            ConnectionLimits::new(&live.config.server, open_file_limit, live.config.models.len())
+        }
+    };
+    tracing::info!(max_connections = limits().max_connections, "connection cap");
     let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let server = eeane::http::connections::serve(listener, router(AppState { service: service.clone() }), limits, async move {
         shutdown_signal().await;
         let _ = stopping_tx.send(true);
     });
@@ -301,12 +309,7 @@ async fn serve(config: Config, config_flag: Option<PathBuf>, overrides: CliOverr
         }
     };
     tokio::select! {
-        result = server.into_future() => {
-            if let Err(e) = result {
-                eprintln!("eeane: server error: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
+        _ = server => {}
         _ = drained => tracing::warn!("graceful_shutdown_timeout passed with requests still in flight; stopping anyway"),
     }
     service.shutdown();

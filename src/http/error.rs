@@ -79,6 +79,16 @@ impl ApiError {
         .with_param("model")
     }
 
+    /// 408: the body stopped arriving for longer than server.body_read_timeout.
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "body_timeout",
+            "The request body stopped arriving for longer than the server waits (server.body_read_timeout)",
+        )
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "authentication_error", "invalid_api_key", "Missing or invalid API key: send Authorization: Bearer <key>")
     }

@@ -2,6 +2,7 @@
 //! cross-cutting layers (auth, body limit, tracing) here.
 
 mod admin;
+pub mod connections;
 pub mod error;
 mod health;
 mod metrics;

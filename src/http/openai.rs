@@ -82,8 +82,21 @@ pub struct Usage {
 pub fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large("body_too_large", "The request body is larger than the server accepts (server.max_request_bytes)"),
+        _ if stalled(&rejection) => ApiError::body_timeout(),
         _ => ApiError::invalid_request("unreadable_body", rejection.body_text()),
     })
+}
+
+/// Whether the body failed because no byte came within server.body_read_timeout.
+fn stalled(rejection: &BytesRejection) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(e) = source {
+        if e.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Reads a JSON body: syntax errors are 400, wrong types 422 naming the field.

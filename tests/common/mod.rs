@@ -44,6 +44,12 @@ impl Server {
     /// Starts `eeane serve --port 0` in an empty directory, with `config` as its
     /// TOML file if given (else the built-in defaults), and waits for it to listen.
     pub fn start(config: Option<&str>, env: &[(&str, &str)]) -> Server {
+        Self::start_with(config, env, None)
+    }
+
+    /// As `start`, with the server's open-file limit (soft and hard, as
+    /// `ulimit -n N` sets them) at `open_files` when given.
+    pub fn start_with(config: Option<&str>, env: &[(&str, &str)], open_files: Option<u64>) -> Server {
         minilm_dir();
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_eeane"));
@@ -59,6 +65,13 @@ impl Server {
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap());
+        if let Some(limit) = open_files {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe, and only it runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || rlimit::setrlimit(rlimit::Resource::NOFILE, limit, limit));
+            }
+        }
         let mut child = cmd.spawn().expect("spawn eeane");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
