@@ -49,7 +49,8 @@ enum Command {
     /// checked), prepare it into the cache, and print the [[models]] entry
     /// that serves it.
     Pull {
-        /// A known model's name (`--list` shows them).
+        /// A known model's name (`--list` shows them), or a Hugging Face
+        /// repository: hf:ORG/NAME[@REVISION].
         name: Option<String>,
         /// List the known models.
         #[arg(long)]
@@ -132,6 +133,18 @@ fn main() -> ExitCode {
         Command::Pull { list: true, .. } | Command::Pull { name: None, .. } => {
             print!("{}", eeane::pull::catalog_table());
             return ExitCode::SUCCESS;
+        }
+        Command::Pull { name: Some(name), .. } if name.starts_with("hf:") => {
+            return match eeane::pull::hf::pull(name) {
+                Ok(summary) => {
+                    print!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("eeane pull: {e}");
+                    ExitCode::FAILURE
+                }
+            };
         }
         Command::Pull { name: Some(name), download_only, index, .. } => {
             let options = eeane::pull::PullOptions {

@@ -6,6 +6,8 @@
 
 pub mod catalog;
 pub mod download;
+pub mod hf;
+pub mod hub;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

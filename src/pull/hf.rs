@@ -1,0 +1,98 @@
+//! `eeane pull hf:ORG/NAME[@REVISION]`: the files a sentence-transformers
+//! model is made of, from the Hub into the HF cache (`hub`).
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::hub::{Hub, Progress, RepoRef};
+
+/// The files of a repository that serving it needs: the configs
+/// sentence-transformers and transformers read, the tokenizer, each module's
+/// folder (pooling, dense), and one set of weights: the repository's own
+/// ONNX (`onnx/model.onnx` and its external data) when it ships one, else the
+/// safetensors (sharded or not). Other formats (PyTorch .bin, TensorFlow,
+/// Flax, OpenVINO, other ONNX variants), READMEs and images are left.
+pub fn select_files(listing: &[&str]) -> Vec<String> {
+    let onnx = listing.contains(&"onnx/model.onnx");
+    let config_or_tokenizer = |f: &str| {
+        let name = f.rsplit('/').next().unwrap_or(f);
+        (name.ends_with(".json") && !f.starts_with("onnx/") && !f.starts_with("openvino/"))
+            || matches!(name, "vocab.txt" | "merges.txt" | "sentencepiece.bpe.model" | "spiece.model" | "tokenizer.model" | "vocab.json")
+    };
+    let weights = |f: &str| {
+        if onnx {
+            f == "onnx/model.onnx" || f.starts_with("onnx/model.onnx_data") || f == "onnx/model.onnx.data"
+        } else {
+            // Top level and modules' folders (2_Dense/model.safetensors).
+            f.ends_with(".safetensors") && f.split('/').count() <= 2 && !f.starts_with("onnx/")
+        }
+    };
+    listing.iter().filter(|f| config_or_tokenizer(f) || weights(f)).map(|f| f.to_string()).collect()
+}
+
+/// A progress bar per file on the terminal (stderr).
+struct Bars(std::cell::RefCell<Option<ProgressBar>>);
+
+impl Progress for Bars {
+    fn start(&self, file: &str, done: u64, total: u64) {
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").expect("template parses").progress_chars("=> "),
+        );
+        bar.set_message(file.to_string());
+        bar.set_position(done);
+        *self.0.borrow_mut() = Some(bar);
+    }
+
+    fn advance(&self, _file: &str, done: u64) {
+        if let Some(bar) = self.0.borrow().as_ref() {
+            bar.set_position(done);
+        }
+    }
+
+    fn finish(&self, _file: &str) {
+        if let Some(bar) = self.0.borrow_mut().take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Downloads `source`'s files into the HF cache; a summary of what is there.
+pub fn pull(source: &str) -> Result<String, String> {
+    let repo = RepoRef::parse(source)?;
+    let hub = Hub::from_env()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let snapshot = runtime.block_on(hub.snapshot(&repo, select_files, &Bars(Default::default())))?;
+    eprintln!(
+        "{}@{}: commit {}, {:.1} MiB downloaded, in {}",
+        repo.repo,
+        repo.revision,
+        snapshot.commit,
+        snapshot.fetched_bytes as f64 / (1 << 20) as f64,
+        snapshot.dir.display()
+    );
+    Ok(format!("# {} at commit {}\n# files: {}\n", repo.repo, snapshot.commit, snapshot.dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_configs_tokenizer_modules_and_one_set_of_weights() {
+        let st = [
+            ".gitattributes", "1_Pooling/config.json", "README.md", "config.json", "config_sentence_transformers.json",
+            "model.safetensors", "modules.json", "pytorch_model.bin", "sentence_bert_config.json", "special_tokens_map.json",
+            "tokenizer.json", "tokenizer_config.json", "vocab.txt", "tf_model.h5", "openvino/openvino_model.xml",
+            "onnx/model_O4.onnx", "2_Dense/config.json", "2_Dense/model.safetensors",
+        ];
+        let chosen = select_files(&st);
+        for f in ["1_Pooling/config.json", "config.json", "model.safetensors", "modules.json", "tokenizer.json", "vocab.txt", "2_Dense/model.safetensors"] {
+            assert!(chosen.contains(&f.to_string()), "{f} not chosen: {chosen:?}");
+        }
+        for f in ["pytorch_model.bin", "tf_model.h5", "README.md", "onnx/model_O4.onnx", "openvino/openvino_model.xml"] {
+            assert!(!chosen.contains(&f.to_string()), "{f} chosen");
+        }
+        let with_onnx = ["config.json", "model.safetensors", "onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_quantized.onnx", "tokenizer.json"];
+        assert_eq!(select_files(&with_onnx), ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "tokenizer.json"]);
+    }
+}

@@ -1,0 +1,295 @@
+//! `eeane pull hf:ORG/NAME` against the Hub look-alike (tests/hub/lookalike.py)
+//! on loopback, whose repositories tests/hub/make_repos.py lays out from the
+//! project's own weights. Each test starts its own look-alike (faults are per
+//! server) and its own HF_HOME.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const TOKEN: &str = "hf_lookalike_token";
+const MINILM: &str = "sentence-transformers/all-MiniLM-L6-v2";
+
+fn python() -> PathBuf {
+    common::cache_dir().join("venv/bin/python")
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub").join(name)
+}
+
+/// The repositories, built once per test binary.
+fn repos() -> &'static Path {
+    static REPOS: OnceLock<tempfile::TempDir> = OnceLock::new();
+    REPOS
+        .get_or_init(|| {
+            common::minilm_dir();
+            let dir = tempfile::tempdir().unwrap();
+            let status = Command::new(python()).arg(script("make_repos.py")).arg("--cache").arg(common::cache_dir()).arg(dir.path()).status().unwrap();
+            assert!(status.success(), "make_repos.py failed");
+            dir
+        })
+        .path()
+}
+
+struct LookAlike {
+    child: Child,
+    endpoint: String,
+}
+
+impl LookAlike {
+    fn start() -> LookAlike {
+        let ports = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+        std::fs::remove_file(&ports).unwrap();
+        let child = Command::new(python())
+            .arg(script("lookalike.py"))
+            .arg("--repos")
+            .arg(repos())
+            .arg("--port-file")
+            .arg(&ports)
+            .arg("--token")
+            .arg(TOKEN)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while !ports.exists() {
+            assert!(started.elapsed() < Duration::from_secs(60), "the look-alike did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let text = std::fs::read_to_string(&ports).unwrap();
+        let hub_port = text.split_whitespace().next().unwrap().to_string();
+        LookAlike { child, endpoint: format!("http://127.0.0.1:{hub_port}") }
+    }
+
+    /// Every request it saw: server, method, path, whether it carried a token, its Range.
+    fn log(&self) -> Vec<Value> {
+        reqwest::blocking::get(format!("{}/_lookalike/log", self.endpoint)).unwrap().json().unwrap()
+    }
+
+    /// `kind` (truncate_once, corrupt) for the LFS file with this sha256.
+    fn fault(&self, kind: &str, sha256: &str) {
+        let status = reqwest::blocking::Client::new().post(format!("{}/_lookalike/fault?kind={kind}&sha={sha256}", self.endpoint)).send().unwrap().status();
+        assert_eq!(status, 204);
+    }
+}
+
+impl Drop for LookAlike {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Pulled {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `eeane pull SOURCE` with HF_HOME = `home`, the endpoint and extra environment.
+fn pull(home: &Path, endpoint: &str, source: &str, env: &[(&str, &str)]) -> Pulled {
+    let out = Command::new(env!("CARGO_BIN_EXE_eeane"))
+        .args(["pull", source])
+        .env("HF_HOME", home)
+        .env("HF_ENDPOINT", endpoint)
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HUB_CACHE")
+        .env_remove("HUGGINGFACE_HUB_CACHE")
+        .env_remove("HF_HUB_OFFLINE")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    Pulled { ok: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::from_utf8_lossy(&out.stderr).into() }
+}
+
+fn repo_dir(home: &Path, repo: &str) -> PathBuf {
+    home.join("hub").join(format!("models--{}", repo.replace('/', "--")))
+}
+
+fn sha256_hex(path: &Path) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+/// Files under `dir`, relative, sorted (symlinks followed).
+fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                out.push(path.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if dir.exists() {
+        walk(dir, dir, &mut out);
+    }
+    out.sort();
+    out
+}
+
+/// What an interrupted or refused download may leave: nothing but `.incomplete` files when asked.
+fn leftovers(home: &Path, repo: &str) -> Vec<String> {
+    files_under(&repo_dir(home, repo).join("blobs"))
+}
+
+fn the_snapshot(home: &Path, repo: &str) -> PathBuf {
+    let snapshots = repo_dir(home, repo).join("snapshots");
+    let mut commits: Vec<_> = std::fs::read_dir(&snapshots).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(commits.len(), 1, "{commits:?}");
+    commits.pop().unwrap()
+}
+
+#[test]
+fn pull_fills_the_hf_cache_as_huggingface_hub_does() {
+    let hub = LookAlike::start();
+    let ours = tempfile::tempdir().unwrap();
+    let pulled = pull(ours.path(), &hub.endpoint, &format!("hf:{MINILM}"), &[]);
+    assert!(pulled.ok, "{}", pulled.stderr);
+    let snapshot = the_snapshot(ours.path(), MINILM);
+    let commit = snapshot.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(pulled.stdout.contains(&commit), "{}", pulled.stdout);
+    assert_eq!(std::fs::read_to_string(repo_dir(ours.path(), MINILM).join("refs/main")).unwrap(), commit);
+    let ours_files = files_under(&snapshot);
+    for needed in ["config.json", "modules.json", "1_Pooling/config.json", "model.safetensors", "tokenizer.json", "sentence_bert_config.json"] {
+        assert!(ours_files.contains(&needed.to_string()), "{needed} missing: {ours_files:?}");
+    }
+    assert!(!ours_files.iter().any(|f| f == "README.md"), "{ours_files:?}");
+
+    // The official client, asked for the same files from the same look-alike.
+    let theirs = tempfile::tempdir().unwrap();
+    let patterns = serde_json::to_string(&ours_files).unwrap();
+    let code = format!(
+        "from huggingface_hub import snapshot_download\nprint(snapshot_download({MINILM:?}, allow_patterns={patterns}))"
+    );
+    let out = Command::new(python()).args(["-c", &code]).env("HF_HOME", theirs.path()).env("HF_ENDPOINT", &hub.endpoint).env("HF_HUB_DISABLE_TELEMETRY", "1").output().unwrap();
+    assert!(out.status.success(), "huggingface_hub failed: {}", String::from_utf8_lossy(&out.stderr));
+    let their_snapshot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert_eq!(their_snapshot.file_name().unwrap().to_string_lossy(), commit, "the same commit");
+    assert_eq!(files_under(&their_snapshot), ours_files, "the same files");
+    for file in &ours_files {
+        let (a, b) = (snapshot.join(file), their_snapshot.join(file));
+        assert_eq!(std::fs::read_link(&a).unwrap(), std::fs::read_link(&b).unwrap(), "{file}: the same link into blobs/");
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "{file}: the same bytes");
+    }
+    // The LFS file's blob is named by its sha256, and has that hash.
+    let blob = std::fs::canonicalize(snapshot.join("model.safetensors")).unwrap();
+    assert_eq!(sha256_hex(&blob), blob.file_name().unwrap().to_string_lossy());
+
+    // Again: nothing is downloaded.
+    let before = hub.log().len();
+    let again = pull(ours.path(), &hub.endpoint, &format!("hf:{MINILM}"), &[]);
+    assert!(again.ok && again.stderr.contains("0.0 MiB downloaded"), "{}", again.stderr);
+    assert_eq!(hub.log().len(), before + 1, "only the model info is asked again");
+    println!("eeane and huggingface_hub: commit {commit}, {} files, identical links and bytes", ours_files.len());
+}
+
+#[test]
+fn the_token_goes_to_the_hub_and_never_to_storage() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let gated = "eeane-test/gated-minilm";
+    let refused = pull(home.path(), &hub.endpoint, &format!("hf:{gated}"), &[]);
+    assert!(!refused.ok);
+    assert!(refused.stderr.contains("is gated") && refused.stderr.contains("HF_TOKEN"), "{}", refused.stderr);
+    assert!(leftovers(home.path(), gated).is_empty());
+
+    let pulled = pull(home.path(), &hub.endpoint, &format!("hf:{gated}"), &[("HF_TOKEN", TOKEN)]);
+    assert!(pulled.ok, "{}", pulled.stderr);
+    assert!(!pulled.stdout.contains(TOKEN) && !pulled.stderr.contains(TOKEN), "the token was printed");
+    let log = hub.log();
+    let tokens = |server: &str| log.iter().filter(|r| r["server"] == server).map(|r| r["authorization"].as_bool().unwrap()).collect::<Vec<_>>();
+    assert!(tokens("hub").iter().filter(|sent| **sent).count() >= 2, "the Hub got the token: {log:?}");
+    let storage = tokens("storage");
+    assert!(!storage.is_empty() && storage.iter().all(|sent| !sent), "the storage host got the token: {log:?}");
+
+    // The token file huggingface_hub writes, when HF_TOKEN is unset.
+    std::fs::write(home.path().join("token"), format!("{TOKEN}\n")).unwrap();
+    let from_file = pull(home.path(), &hub.endpoint, &format!("hf:{gated}"), &[]);
+    assert!(from_file.ok, "{}", from_file.stderr);
+}
+
+#[test]
+fn each_refusal_names_its_cause_and_leaves_nothing() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let revision = format!("hf:{MINILM}@v9");
+    let with_token = [("HF_TOKEN", TOKEN)];
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
+        ("hf:eeane-test/no-such-model", &[], "not found or is private"),
+        ("hf:eeane-test/no-such-model", &with_token, "repository not found"),
+        (&revision, &[], "has no revision \"v9\""),
+        ("hf:not-a-source", &[], "hf:ORG/NAME"),
+    ];
+    for (source, env, message) in cases {
+        let refused = pull(home.path(), &hub.endpoint, source, env);
+        assert!(!refused.ok && refused.stderr.contains(message), "{source}: {}", refused.stderr);
+    }
+    let unreachable = pull(home.path(), "http://127.0.0.1:9", &format!("hf:{MINILM}"), &[]);
+    assert!(!unreachable.ok && unreachable.stderr.contains("cannot reach the Hugging Face Hub at http://127.0.0.1:9"), "{}", unreachable.stderr);
+    assert!(files_under(&home.path().join("hub")).is_empty(), "{:?}", files_under(&home.path().join("hub")));
+}
+
+#[test]
+fn an_interrupted_download_resumes_and_a_corrupt_one_is_refused() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let weights = repos().join(MINILM).join("model.safetensors");
+    let sha = sha256_hex(&weights);
+    let size = std::fs::metadata(&weights).unwrap().len();
+
+    hub.fault("truncate_once", &sha);
+    let broken = pull(home.path(), &hub.endpoint, &format!("hf:{MINILM}"), &[]);
+    assert!(!broken.ok && broken.stderr.contains("run it again to resume"), "{}", broken.stderr);
+    let partial = repo_dir(home.path(), MINILM).join(format!("blobs/{sha}.incomplete"));
+    let kept = std::fs::metadata(&partial).unwrap().len();
+    assert!(kept > 0 && kept < size, "{kept} of {size}");
+    assert!(!repo_dir(home.path(), MINILM).join(format!("blobs/{sha}")).exists());
+
+    let resumed = pull(home.path(), &hub.endpoint, &format!("hf:{MINILM}"), &[]);
+    assert!(resumed.ok, "{}", resumed.stderr);
+    let range = format!("bytes={kept}-");
+    assert!(hub.log().iter().any(|r| r["server"] == "storage" && r["range"] == range.as_str()), "no Range {range} request: {:?}", hub.log());
+    let snapshot = the_snapshot(home.path(), MINILM);
+    assert_eq!(sha256_hex(&snapshot.join("model.safetensors")), sha);
+    assert!(!partial.exists());
+    println!("resumed from {kept} of {size} bytes");
+
+    // One flipped byte: refused, nothing kept.
+    let fresh = tempfile::tempdir().unwrap();
+    hub.fault("corrupt", &sha);
+    let refused = pull(fresh.path(), &hub.endpoint, &format!("hf:{MINILM}"), &[]);
+    assert!(!refused.ok && refused.stderr.contains("nothing kept"), "{}", refused.stderr);
+    let blobs = leftovers(fresh.path(), MINILM);
+    assert!(!blobs.iter().any(|b| b.starts_with(&sha)), "{blobs:?}");
+    let link = repo_dir(fresh.path(), MINILM).join("snapshots");
+    assert!(!files_under(&link).iter().any(|f| f.ends_with("model.safetensors")));
+}
+
+#[test]
+fn offline_a_model_huggingface_hub_fetched_is_used_as_it_is() {
+    let home = tempfile::tempdir().unwrap();
+    let snapshot = {
+        let hub = LookAlike::start();
+        let code = format!("from huggingface_hub import snapshot_download\nprint(snapshot_download({MINILM:?}))");
+        let out = Command::new(python()).args(["-c", &code]).env("HF_HOME", home.path()).env("HF_ENDPOINT", &hub.endpoint).env("HF_HUB_DISABLE_TELEMETRY", "1").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        // The look-alike stops here.
+    };
+    let offline = pull(home.path(), "http://127.0.0.1:9", &format!("hf:{MINILM}"), &[("HF_HUB_OFFLINE", "1")]);
+    assert!(offline.ok, "{}", offline.stderr);
+    assert!(offline.stdout.contains(&snapshot), "{} vs {snapshot}", offline.stdout);
+    let missing = pull(home.path(), "http://127.0.0.1:9", "hf:eeane-test/minilm-cls-raw", &[("HF_HUB_OFFLINE", "1")]);
+    assert!(!missing.ok && missing.stderr.contains("not in the HF cache") && missing.stderr.contains("HF_HUB_OFFLINE"), "{}", missing.stderr);
+}
