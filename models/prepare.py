@@ -754,6 +754,54 @@ def ncnn_from_hf(cache, directory, name, fp16_weights):
           f"tokenizer = \"{{cache}}/models/{name}/tokenizer.json\", max_tokens <= {max_tokens}")
 
 
+def onnx_from_hub_snapshot(cache, snapshot, name, source):
+    """A Hub repository's snapshot (`eeane pull hf:...`) to `{cache}/models/NAME`:
+    its own onnx/model.onnx (and external data) when it ships one, checked to
+    run; else the graph built from its safetensors (BERT, RoBERTa, XLM-R) and
+    checked against the float64 numpy network before it is published (BERT
+    so far)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from safetensors.numpy import load_file
+
+    import bert_onnx
+
+    snapshot = Path(snapshot)
+    out = cache / "models" / name
+    if manifest_is_current(out) and json.loads((out / "manifest.json").read_text())["source"].get("hub") == source:
+        print(f"{name}: up to date in {out}")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(snapshot / "tokenizer.json", out / "tokenizer.json")
+    cfg = json.loads((snapshot / "config.json").read_text())
+    tmp = out / "model.onnx.tmp"
+    if (snapshot / "onnx" / "model.onnx").is_file():
+        for data in (snapshot / "onnx").glob("model.onnx[._]data*"):
+            shutil.copyfile(data, out / data.name)
+        shutil.copyfile(snapshot / "onnx" / "model.onnx", tmp)
+        sess = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+        names = [i.name for i in sess.get_inputs()]
+        feed = {n: np.ones((1, 4), np.int64) if n != "token_type_ids" else np.zeros((1, 4), np.int64) for n in names}
+        outputs = [o.name for o in sess.get_outputs()]
+        sess.run(None, feed)
+        checks = {"repository_onnx": True, "inputs": names, "outputs": outputs}
+        print(f"{name}: the repository's ONNX runs (inputs {names}, outputs {outputs})")
+    else:
+        if cfg.get("model_type") != "bert":
+            raise SystemExit(f"{name}: model_type {cfg.get('model_type')!r}: only bert is built from safetensors so far")
+        weights = load_file(snapshot / "model.safetensors")
+        onnx.save_model(bert_onnx.build_graph(weights, cfg), tmp)
+        cosines, max_abs = check_bert_onnx(tmp, weights, cfg, out / "tokenizer.json")
+        print(f"{name}: ONNX vs numpy float64: min cosine {min(cosines):.8f}, max |hidden diff| {max_abs:.2e}")
+        if min(cosines) < 0.99999 or max_abs > 1e-3:
+            raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
+        checks = {"min_cosine_vs_numpy_float64": min(cosines), "max_abs_hidden_diff": max_abs}
+    os.replace(tmp, out / "model.onnx")
+    write_manifest(out, {"hub": source}, checks)
+    print(f"{name}: ready in {out}")
+
+
 def prepare_minilm_reranker(cache):
     """A small, honest cross-encoder for tests: no reranker can be fetched
     here, so all-MiniLM-L6-v2's encoder reads each (query, passage) pair as
@@ -857,8 +905,15 @@ def main():
     parser.add_argument("--ncnn-from", metavar="DIR", help="convert a local BERT/RoBERTa checkpoint directory to ncnn (see README)")
     parser.add_argument("--name", help="the model's name under {cache}/models, with --ncnn-from")
     parser.add_argument("--fp16-weights", action="store_true", help="with --ncnn-from: store weights as fp16 (arithmetic stays fp32)")
+    parser.add_argument("--hf-snapshot", metavar="DIR", help="a Hub repository's snapshot (eeane pull hf:...) to an ONNX model, with --name and --source")
+    parser.add_argument("--source", help="with --hf-snapshot: hf:ORG/NAME@COMMIT, recorded in the manifest")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
+    if args.hf_snapshot:
+        if not args.name or not args.source:
+            parser.error("--hf-snapshot needs --name and --source")
+        onnx_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source)
+        return
     if args.ncnn_from:
         if not args.name:
             parser.error("--ncnn-from needs --name")

@@ -134,10 +134,10 @@ fn main() -> ExitCode {
             print!("{}", eeane::pull::catalog_table());
             return ExitCode::SUCCESS;
         }
-        Command::Pull { name: Some(name), .. } if name.starts_with("hf:") => {
-            return match eeane::pull::hf::pull(name) {
-                Ok(summary) => {
-                    print!("{summary}");
+        Command::Pull { name: Some(name), download_only, .. } if name.starts_with("hf:") => {
+            return match eeane::pull::hf::pull(name, &cache(), *download_only) {
+                Ok(entry) => {
+                    println!("# Serve it with this entry in eeane.toml ({{cache}} is {}):\n{entry}", cache().display());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

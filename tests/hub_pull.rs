@@ -92,10 +92,16 @@ struct Pulled {
     stderr: String,
 }
 
-/// Runs `eeane pull SOURCE` with HF_HOME = `home`, the endpoint and extra environment.
+/// Runs `eeane pull --download-only SOURCE` with HF_HOME = `home`, the endpoint and extra environment.
 fn pull(home: &Path, endpoint: &str, source: &str, env: &[(&str, &str)]) -> Pulled {
+    pull_with(&["--download-only"], home, endpoint, source, env)
+}
+
+fn pull_with(flags: &[&str], home: &Path, endpoint: &str, source: &str, env: &[(&str, &str)]) -> Pulled {
     let out = Command::new(env!("CARGO_BIN_EXE_eeane"))
-        .args(["pull", source])
+        .arg("pull")
+        .args(flags)
+        .arg(source)
         .env("HF_HOME", home)
         .env("HF_ENDPOINT", endpoint)
         .env_remove("HF_TOKEN")
@@ -189,7 +195,7 @@ fn pull_fills_the_hf_cache_as_huggingface_hub_does() {
     let before = hub.log().len();
     let again = pull(ours.path(), &hub.endpoint, &format!("hf:{MINILM}"), &[]);
     assert!(again.ok && again.stderr.contains("0.0 MiB downloaded"), "{}", again.stderr);
-    assert_eq!(hub.log().len(), before + 1, "only the model info is asked again");
+    assert_eq!(hub.log().len(), before + 2, "only the model info is asked again (for the configs, then for the rest)");
     println!("eeane and huggingface_hub: commit {commit}, {} files, identical links and bytes", ours_files.len());
 }
 
@@ -292,4 +298,50 @@ fn offline_a_model_huggingface_hub_fetched_is_used_as_it_is() {
     assert!(offline.stdout.contains(&snapshot), "{} vs {snapshot}", offline.stdout);
     let missing = pull(home.path(), "http://127.0.0.1:9", "hf:eeane-test/minilm-cls-raw", &[("HF_HUB_OFFLINE", "1")]);
     assert!(!missing.ok && missing.stderr.contains("not in the HF cache") && missing.stderr.contains("HF_HUB_OFFLINE"), "{}", missing.stderr);
+}
+
+/// Each pulled model, served from the entry `eeane pull` printed, against the
+/// reference on the repository's own files (tests/hub/reference.py).
+#[test]
+fn pulled_models_serve_what_the_repository_declares() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let repos = [MINILM, "eeane-test/minilm-cls-raw", "eeane-test/minilm-onnx-only"];
+    let mut config = String::from("[server]\nport = 0\n\n");
+    for repo in repos {
+        let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);
+        assert!(pulled.ok, "{repo}: {}", pulled.stderr);
+        config += &pulled.stdout;
+        config += "\n";
+    }
+    assert!(config.contains("pooling = \"cls\"  # 1_Pooling/config.json") && config.contains("normalize = false  # modules.json (no Normalize module)"), "{config}");
+    let refused = pull_with(&[], home.path(), &hub.endpoint, "hf:eeane-test/unsupported-arch", &[]);
+    assert!(!refused.ok && refused.stderr.contains("LlamaForCausalLM") && refused.stderr.contains("optimum-cli export onnx"), "{}", refused.stderr);
+    assert!(!files_under(&repo_dir(home.path(), "eeane-test/unsupported-arch")).iter().any(|f| f.ends_with("safetensors")), "weights fetched for a refused model");
+
+    let server = common::Server::start(Some(&config), &[]);
+    let texts = common::fixture_texts();
+    for repo in repos {
+        let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": repo, "input": texts}));
+        assert_eq!(status, 200, "{repo}: {response}");
+        let served = common::vectors(&response);
+        let snapshot = the_snapshot(home.path(), repo);
+        let request = serde_json::json!({"texts": texts, "max_tokens": 256}).to_string();
+        let mut child = Command::new(python()).arg(script("reference.py")).arg(&snapshot).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(request.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "reference for {repo} failed");
+        let reference: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut worst = 1.0f64;
+        for (v, r) in served.iter().zip(reference["vectors"].as_array().unwrap()) {
+            let r = common::f64s(r);
+            worst = worst.min(common::cosine(v, &r));
+            let norm: f64 = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            let ref_norm: f64 = r.iter().map(|x| x * x).sum::<f64>().sqrt();
+            assert!((norm - ref_norm).abs() / ref_norm < 1e-3, "{repo}: norm {norm} vs the reference's {ref_norm}");
+        }
+        println!("{repo}: {} texts, min cosine to the reference {worst:.8}", served.len());
+        assert!(worst >= 0.9999, "{repo}: min cosine {worst}");
+    }
 }

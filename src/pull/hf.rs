@@ -1,9 +1,12 @@
 //! `eeane pull hf:ORG/NAME[@REVISION]`: the files a sentence-transformers
 //! model is made of, from the Hub into the HF cache (`hub`).
 
+use std::path::Path;
+
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::hub::{Hub, Progress, RepoRef};
+use super::st::StModel;
 
 /// The files of a repository that serving it needs: the configs
 /// sentence-transformers and transformers read, the tokenizer, each module's
@@ -56,12 +59,29 @@ impl Progress for Bars {
     }
 }
 
-/// Downloads `source`'s files into the HF cache; a summary of what is there.
-pub fn pull(source: &str) -> Result<String, String> {
+/// Downloads `source`'s files into the HF cache, reads them as
+/// sentence-transformers does, prepares the ONNX model under
+/// `{cache}/models/hf--ORG--NAME` (models/prepare.py, checked against the
+/// numpy reference) and returns the `[[models]]` entry that serves it; with
+/// `download_only`, where the files are.
+pub fn pull(source: &str, cache: &Path, download_only: bool) -> Result<String, String> {
     let repo = RepoRef::parse(source)?;
     let hub = Hub::from_env()?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let snapshot = runtime.block_on(hub.snapshot(&repo, select_files, &Bars(Default::default())))?;
+    let bars = Bars(Default::default());
+    // The configs first: an architecture eeane cannot serve is refused before the weights come.
+    let listing = std::cell::RefCell::new(Vec::new());
+    let configs = runtime.block_on(hub.snapshot(
+        &repo,
+        |all: &[&str]| {
+            *listing.borrow_mut() = all.iter().map(|f| f.to_string()).collect();
+            select_files(all).into_iter().filter(|f| f.ends_with(".json")).collect()
+        },
+        &bars,
+    ))?;
+    let ships_onnx = listing.borrow().iter().any(|f| f == "onnx/model.onnx");
+    let model = StModel::read(&configs.dir, &repo.repo, ships_onnx)?;
+    let snapshot = runtime.block_on(hub.snapshot(&repo, select_files, &bars))?;
     eprintln!(
         "{}@{}: commit {}, {:.1} MiB downloaded, in {}",
         repo.repo,
@@ -70,7 +90,13 @@ pub fn pull(source: &str) -> Result<String, String> {
         snapshot.fetched_bytes as f64 / (1 << 20) as f64,
         snapshot.dir.display()
     );
-    Ok(format!("# {} at commit {}\n# files: {}\n", repo.repo, snapshot.commit, snapshot.dir.display()))
+    if download_only {
+        return Ok(format!("# {} at commit {}\n# files: {}\n", repo.repo, snapshot.commit, snapshot.dir.display()));
+    }
+    let dir_name = format!("hf--{}", repo.repo.replace('/', "--"));
+    let pinned = format!("hf:{}@{}", repo.repo, snapshot.commit);
+    super::run_prepare(cache, &["--hf-snapshot".into(), snapshot.dir.display().to_string(), "--name".into(), dir_name.clone(), "--source".into(), pinned])?;
+    Ok(model.entry(&repo.repo, &snapshot.commit, &dir_name))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod download;
 pub mod hf;
 pub mod hub;
+pub mod st;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -73,6 +74,36 @@ pub fn pull(name: &str, options: &PullOptions) -> Result<String, String> {
         return Err(format!("preparing {} ended without {}", model.name, manifest.display()));
     }
     Ok(model.snippet.trim_start().to_string())
+}
+
+/// Runs models/setup.sh (the venv and ONNX Runtime, installed if missing),
+/// then models/prepare.py with `args`, its output on stderr.
+pub fn run_prepare(cache: &Path, args: &[String]) -> Result<(), String> {
+    let scripts = scripts_dir()?;
+    let stderr = || std::process::Stdio::from(std::io::stderr());
+    let setup = Command::new("bash")
+        .arg(scripts.join("setup.sh"))
+        .env("EEANE_CACHE_DIR", cache)
+        .env("EEANE_EXTRA_MODELS", "")
+        .stdout(stderr())
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", scripts.join("setup.sh").display()))?;
+    if !setup.success() {
+        return Err(format!("models/setup.sh failed ({setup}); the messages above say why"));
+    }
+    let status = Command::new(cache.join("venv/bin/python"))
+        .arg(scripts.join("prepare.py"))
+        .arg("--cache")
+        .arg(cache)
+        .args(args)
+        .stdout(stderr())
+        .status()
+        .map_err(|e| format!("cannot run models/prepare.py: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("models/prepare.py failed ({status}); the messages above say why"))
+    }
 }
 
 /// Where models/setup.sh and models/prepare.py are: EEANE_MODELS_DIR, else

@@ -1,0 +1,228 @@
+//! A Hub repository read the way sentence-transformers reads it: its
+//! pooling from `1_Pooling/config.json` (the module `modules.json` names),
+//! normalization from whether a Normalize module is listed, the length limit
+//! from `sentence_bert_config.json` (else the tokenizer's, within the
+//! model's positions), prompts from `config_sentence_transformers.json`, and
+//! the architecture from `config.json`. Each value keeps the file it came from.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+/// Architectures whose graph eeane builds from safetensors (`models/bert_onnx.py`).
+/// (RoBERTa and XLM-R are next: their position offset needs the reference check too.)
+pub const BUILT_FROM_SAFETENSORS: &[&str] = &["BertModel", "BertForMaskedLM", "BertForPreTraining"];
+
+/// One inferred setting and the file it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inferred<T> {
+    pub value: T,
+    pub from: String,
+}
+
+fn inferred<T>(value: T, from: &str) -> Inferred<T> {
+    Inferred { value, from: from.to_string() }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StModel {
+    pub architecture: String,
+    /// "mean" or "cls" (eeane's pooling names).
+    pub pooling: Inferred<&'static str>,
+    pub normalize: Inferred<bool>,
+    pub max_tokens: Inferred<usize>,
+    pub prompts: Inferred<BTreeMap<String, String>>,
+    pub default_prompt_name: Option<Inferred<String>>,
+    /// The repository's own graph, when it ships one.
+    pub onnx: Option<String>,
+}
+
+fn read_json(dir: &Path, file: &str) -> Result<Option<Value>, String> {
+    match std::fs::read(dir.join(file)) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("{file} is not JSON: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read {file}: {e}")),
+    }
+}
+
+/// The message for an architecture eeane cannot build, with the export that would give it an ONNX file.
+pub fn unsupported(repo: &str, architecture: &str) -> String {
+    format!(
+        "{repo} is a {architecture}; eeane builds graphs from safetensors for {} only, and serves any architecture from an ONNX file. \
+         Export one with `optimum-cli export onnx --model {repo} --task feature-extraction {}-onnx/` and serve its model.onnx with engine = \"onnxruntime\"",
+        BUILT_FROM_SAFETENSORS.join(", "),
+        repo.rsplit('/').next().unwrap_or(repo)
+    )
+}
+
+impl StModel {
+    /// Reads the snapshot in `dir`; `ships_onnx`: the repository lists
+    /// onnx/model.onnx (read before the weights are fetched).
+    pub fn read(dir: &Path, repo: &str, ships_onnx: bool) -> Result<StModel, String> {
+        let config = read_json(dir, "config.json")?.ok_or_else(|| format!("{repo} has no config.json: not a transformers model"))?;
+        let architecture = config["architectures"].get(0).and_then(Value::as_str).unwrap_or("").to_string();
+        let onnx = (ships_onnx || dir.join("onnx/model.onnx").is_file()).then(|| "onnx/model.onnx".to_string());
+        if onnx.is_none() && !BUILT_FROM_SAFETENSORS.contains(&architecture.as_str()) {
+            return Err(unsupported(repo, if architecture.is_empty() { "model without `architectures`" } else { &architecture }));
+        }
+        if architecture.ends_with("ForSequenceClassification") {
+            return Err(format!("{repo} is a {architecture} (a cross-encoder); rerankers from the Hub are not served yet"));
+        }
+        let modules = read_json(dir, "modules.json")?;
+        let modules: Vec<Value> = modules.as_ref().and_then(Value::as_array).cloned().unwrap_or_default();
+        let module_of = |kind: &str| modules.iter().find(|m| m["type"].as_str().is_some_and(|t| t.ends_with(kind)));
+        if let Some(dense) = module_of("Dense") {
+            return Err(format!("{repo} has a Dense module ({}) after pooling; eeane does not apply Dense modules yet", dense["path"].as_str().unwrap_or("?")));
+        }
+        let pooling = match module_of("Pooling") {
+            Some(module) => {
+                let file = format!("{}/config.json", module["path"].as_str().unwrap_or("1_Pooling"));
+                let pooling = read_json(dir, &file)?.ok_or_else(|| format!("{repo}: modules.json names {file}, which is missing"))?;
+                let on = |key: &str| pooling[key].as_bool() == Some(true);
+                let mode = pooling["pooling_mode"].as_str().map(str::to_string);
+                let chosen = match mode.as_deref() {
+                    Some("cls") => "cls",
+                    Some("mean") => "mean",
+                    Some(other) => return Err(format!("{repo}: pooling {other:?} ({file}) is not one eeane serves yet (mean, cls)")),
+                    None if on("pooling_mode_cls_token") => "cls",
+                    None if on("pooling_mode_mean_tokens") => "mean",
+                    None => {
+                        let modes: Vec<&str> = ["pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"]
+                            .into_iter()
+                            .filter(|k| on(k))
+                            .collect();
+                        return Err(format!("{repo}: pooling {modes:?} ({file}) is not one eeane serves yet (mean, cls)"));
+                    }
+                };
+                inferred(chosen, &file)
+            }
+            // A plain transformers checkpoint: sentence-transformers' own default.
+            None => inferred("mean", "no modules.json: sentence-transformers pools by mean"),
+        };
+        let normalize = match module_of("Normalize") {
+            Some(_) => inferred(true, "modules.json (a Normalize module)"),
+            None => inferred(false, "modules.json (no Normalize module)"),
+        };
+        let positions = config["max_position_embeddings"].as_u64().map(|p| {
+            // (XLM-)RoBERTa positions start after the padding index.
+            if config["model_type"].as_str().is_some_and(|t| t.contains("roberta")) { p.saturating_sub(2) } else { p }
+        });
+        let sbert = read_json(dir, "sentence_bert_config.json")?;
+        if sbert.as_ref().is_some_and(|s| s["do_lower_case"].as_bool() == Some(true)) {
+            return Err(format!("{repo}: sentence_bert_config.json sets do_lower_case, which eeane does not apply yet"));
+        }
+        let tokenizer = read_json(dir, "tokenizer_config.json")?;
+        let max_tokens = match (sbert.as_ref().and_then(|s| s["max_seq_length"].as_u64()), tokenizer.as_ref().and_then(|t| t["model_max_length"].as_u64())) {
+            (Some(n), _) => inferred(n, "sentence_bert_config.json (max_seq_length)"),
+            (None, Some(n)) if n < 1_000_000 => inferred(n, "tokenizer_config.json (model_max_length)"),
+            _ => inferred(positions.unwrap_or(512), "config.json (max_position_embeddings)"),
+        };
+        let max_tokens = match positions {
+            Some(p) if max_tokens.value > p => inferred(p, "config.json (max_position_embeddings)"),
+            _ => max_tokens,
+        };
+        let st = read_json(dir, "config_sentence_transformers.json")?;
+        let prompts: BTreeMap<String, String> = st
+            .as_ref()
+            .and_then(|s| s["prompts"].as_object())
+            .map(|p| p.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
+            .unwrap_or_default();
+        let default_prompt_name = st.as_ref().and_then(|s| s["default_prompt_name"].as_str()).map(|n| inferred(n.to_string(), "config_sentence_transformers.json"));
+        Ok(StModel {
+            architecture,
+            pooling,
+            normalize,
+            max_tokens: Inferred { value: max_tokens.value as usize, from: max_tokens.from },
+            prompts: inferred(prompts, "config_sentence_transformers.json"),
+            default_prompt_name,
+            onnx,
+        })
+    }
+}
+
+impl StModel {
+    /// The `[[models]]` entry that serves the prepared model, each inferred
+    /// value with the file it came from.
+    pub fn entry(&self, repo: &str, commit: &str, dir_name: &str) -> String {
+        let mut entry = format!(
+            "[[models]]\nid = {repo:?}\nengine = \"onnxruntime\"\nmodel = \"{{cache}}/models/{dir_name}/model.onnx\"\ntokenizer = \"{{cache}}/models/{dir_name}/tokenizer.json\"\n\
+             pooling = {:?}  # {}\nnormalize = {}  # {}\nmax_tokens = {}  # {}\n# source: hf:{repo}@{commit} ({}{})\n",
+            self.pooling.value,
+            self.pooling.from,
+            self.normalize.value,
+            self.normalize.from,
+            self.max_tokens.value,
+            self.max_tokens.from,
+            if self.architecture.is_empty() { "architecture not named" } else { &self.architecture },
+            if self.onnx.is_some() { ", the repository's onnx/model.onnx" } else { ", graph built from model.safetensors" },
+        );
+        if !self.prompts.value.is_empty() {
+            let prompts: Vec<String> = self.prompts.value.iter().map(|(k, v)| format!("{k} = {v:?}")).collect();
+            let default = self.default_prompt_name.as_ref().map(|d| format!(", default {:?}", d.value)).unwrap_or_default();
+            entry += &format!("# prompts in {} (not applied by eeane yet): {}{default}\n", self.prompts.from, prompts.join(", "));
+        }
+        entry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    const BERT: &str = r#"{"architectures": ["BertModel"], "model_type": "bert", "max_position_embeddings": 512}"#;
+    const MODULES: &str = r#"[{"idx":0,"name":"0","path":"","type":"sentence_transformers.models.Transformer"},
+        {"idx":1,"name":"1","path":"1_Pooling","type":"sentence_transformers.models.Pooling"},
+        {"idx":2,"name":"2","path":"2_Normalize","type":"sentence_transformers.models.Normalize"}]"#;
+
+    #[test]
+    fn reads_pooling_normalize_length_and_prompts_with_their_files() {
+        let dir = repo(&[
+            ("config.json", BERT),
+            ("modules.json", MODULES),
+            ("1_Pooling/config.json", r#"{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}"#),
+            ("sentence_bert_config.json", r#"{"max_seq_length": 1024, "do_lower_case": false}"#),
+            ("config_sentence_transformers.json", r#"{"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "passage"}"#),
+        ]);
+        let st = StModel::read(dir.path(), "org/m", false).unwrap();
+        assert_eq!(st.pooling, inferred("cls", "1_Pooling/config.json"));
+        assert!(st.normalize.value);
+        // Longer than the positions: held to them.
+        assert_eq!(st.max_tokens, inferred(512, "config.json (max_position_embeddings)"));
+        assert_eq!(st.prompts.value["query"], "query: ");
+        assert_eq!(st.default_prompt_name.unwrap().value, "passage");
+    }
+
+    #[test]
+    fn no_normalize_module_means_raw_vectors() {
+        let modules = r#"[{"idx":1,"name":"1","path":"1_Pooling","type":"sentence_transformers.models.Pooling"}]"#;
+        let dir = repo(&[("config.json", BERT), ("modules.json", modules), ("1_Pooling/config.json", r#"{"pooling_mode": "mean"}"#)]);
+        let st = StModel::read(dir.path(), "org/m", false).unwrap();
+        assert!(!st.normalize.value);
+        assert_eq!(st.pooling.value, "mean");
+    }
+
+    #[test]
+    fn refusals_say_what_and_why() {
+        let llama = repo(&[("config.json", r#"{"architectures": ["LlamaForCausalLM"]}"#)]);
+        let e = StModel::read(llama.path(), "org/llm", false).unwrap_err();
+        assert!(e.contains("LlamaForCausalLM") && e.contains("BertModel") && e.contains("optimum-cli export onnx --model org/llm"), "{e}");
+        let dense = repo(&[("config.json", BERT), ("modules.json", r#"[{"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#)]);
+        assert!(StModel::read(dense.path(), "org/d", false).unwrap_err().contains("Dense"));
+        let max = repo(&[("config.json", BERT), ("modules.json", MODULES), ("1_Pooling/config.json", r#"{"pooling_mode_max_tokens": true}"#)]);
+        assert!(StModel::read(max.path(), "org/x", false).unwrap_err().contains("pooling_mode_max_tokens"));
+        // Any architecture with its own ONNX.
+        let onnx = repo(&[("config.json", r#"{"architectures": ["NewModel"]}"#), ("onnx/model.onnx", "x")]);
+        assert_eq!(StModel::read(onnx.path(), "org/n", false).unwrap().onnx.as_deref(), Some("onnx/model.onnx"));
+    }
+}
