@@ -200,6 +200,15 @@ def make_hub_handler(state):
             if self.command != "HEAD":
                 self.wfile.write(body)
 
+        def send_json(self, value, head_only):
+            body = json.dumps(value).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head_only:
+                self.wfile.write(body)
+
         def authorized(self):
             return self.headers.get("Authorization") == f"Bearer {state.token}"
 
@@ -244,12 +253,8 @@ def make_hub_handler(state):
             path = unquote(url.path)
             if path == "/_lookalike/log":
                 with state.lock:
-                    body = json.dumps(state.log).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                    log = list(state.log)
+                self.send_json(log, head_only)
                 return
             state.record("hub", self)
             parts = path.strip("/").split("/")
@@ -259,13 +264,7 @@ def make_hub_handler(state):
                 if repo is None or not self.revision_ok(repo, revision):
                     return
                 recursive = "recursive=true" in url.query.lower() or "recursive=1" in url.query
-                body = json.dumps(repo.tree(under, recursive)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if not head_only:
-                    self.wfile.write(body)
+                self.send_json(repo.tree(under, recursive), head_only)
                 return
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
                 repo_id = "/".join(parts[2:4])
@@ -273,13 +272,7 @@ def make_hub_handler(state):
                 repo = self.repo(repo_id)
                 if repo is None or not self.revision_ok(repo, revision):
                     return
-                body = json.dumps(repo.info("blobs=true" in url.query)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if not head_only:
-                    self.wfile.write(body)
+                self.send_json(repo.info("blobs=true" in url.query), head_only)
                 return
             if len(parts) >= 5 and parts[2] == "resolve":
                 repo_id, revision, rel = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
