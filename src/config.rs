@@ -72,6 +72,11 @@ pub struct ServerConfig {
     /// Where engines run (models that set none).
     #[serde(default)]
     pub isolation: Isolation,
+    /// Fetch a `source = "hf:..."` model's files from the Hugging Face Hub when
+    /// the HF cache lacks them (at start for its configs, at its first load for
+    /// its weights). false: the cache only, as with HF_HUB_OFFLINE=1.
+    #[serde(default = "yes")]
+    pub hub_downloads: bool,
     /// Seconds a client has to send a whole request head (request line and
     /// headers), counted from its first byte, or from the accept for a new
     /// connection. 0 = no limit.
@@ -271,9 +276,25 @@ pub struct ModelConfig {
     pub aliases: Vec<String>,
     #[serde(default)]
     pub kind: ModelKind,
+    /// Required unless `source` names a Hub repository (then "onnxruntime").
+    #[serde(default)]
     pub engine: String,
+    /// Required unless `source` names a Hub repository (then the prepared model's).
+    #[serde(default)]
     pub model: ConfigPath,
+    #[serde(default)]
     pub tokenizer: ConfigPath,
+    /// A Hugging Face repository, `hf:ORG/NAME[@REVISION]`: engine, files,
+    /// pooling, normalize and max_tokens are read from it (sentence-transformers'
+    /// files) unless set here, and it is fetched and prepared when missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Each value read from `source`, and the file it came from (check-config shows them).
+    #[serde(skip)]
+    pub inferred: Vec<(String, String)>,
+    /// Why `source` could not be read: the model fails with this, the others serve.
+    #[serde(skip)]
+    pub unavailable: Option<String>,
     #[serde(default)]
     pub pooling: Pooling,
     #[serde(default = "yes")]
@@ -283,6 +304,8 @@ pub struct ModelConfig {
     #[serde(default)]
     pub rerank: bool,
     /// Longest input in tokens, special tokens included; longer inputs are truncated.
+    /// Required unless `source` gives it.
+    #[serde(default)]
     pub max_tokens: usize,
     /// Numbering of a SentencePiece tokenizer's ids: raw | fairseq.
     #[serde(default)]
@@ -391,6 +414,23 @@ impl ModelConfig {
 #[serde(transparent)]
 pub struct ConfigPath(RelativePathBuf);
 
+impl Default for ConfigPath {
+    fn default() -> Self {
+        ConfigPath(RelativePathBuf::from(PathBuf::new()))
+    }
+}
+
+impl ConfigPath {
+    /// A path as a config file would give it (`{cache}/...` resolves at load).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        ConfigPath(RelativePathBuf::from(path.into()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.original().as_os_str().is_empty()
+    }
+}
+
 impl ConfigPath {
     pub fn path(&self) -> PathBuf {
         self.0.relative()
@@ -473,6 +513,9 @@ impl Config {
             });
         figment = figment.merge(env).merge(Serialized::defaults(cli).key("server"));
         let mut config: Config = figment.extract().map_err(Box::new)?;
+        // Which keys each entry sets itself: a Hub source fills in only the others.
+        let written: Vec<serde_json::Value> = figment.extract_inner("models").unwrap_or_default();
+        config.read_sources(&written);
         config.resolve_paths();
         config.validate()?;
         Ok(config)
@@ -483,6 +526,57 @@ impl Config {
             return PathBuf::from(&self.server.cache_dir);
         }
         cache_dir_from_env()
+    }
+
+    /// Fills in each `source` entry's unset keys from its repository's files
+    /// (`pull::hf::resolve`: the HF cache, else the Hub's small config files
+    /// when downloads are allowed). A source that cannot be read leaves its
+    /// model failing with the reason; the others are untouched.
+    fn read_sources(&mut self, written: &[serde_json::Value]) {
+        let cache = self.cache_dir();
+        let downloads = self.server.hub_downloads;
+        for (i, m) in self.models.iter_mut().enumerate() {
+            let Some(source) = m.source.clone() else { continue };
+            let set = |key: &str| written.get(i).and_then(|w| w.get(key)).is_some();
+            if !set("engine") {
+                m.engine = "onnxruntime".into();
+            }
+            match crate::pull::hf::resolve(&source, &cache, downloads) {
+                Ok(resolved) => {
+                    let mut take = |key: &str, value: String, from: &str| {
+                        if !set(key) {
+                            m.inferred.push((format!("{key} = {value}"), from.to_string()));
+                        }
+                        !set(key)
+                    };
+                    let dir = format!("{{cache}}/models/{}", resolved.dir_name);
+                    if take("model", format!("\"{dir}/model.onnx\""), "where eeane prepares it") {
+                        m.model = ConfigPath::new(format!("{dir}/model.onnx"));
+                    }
+                    if take("tokenizer", format!("\"{dir}/tokenizer.json\""), "the repository's tokenizer.json") {
+                        m.tokenizer = ConfigPath::new(format!("{dir}/tokenizer.json"));
+                    }
+                    let st = &resolved.model;
+                    if take("pooling", format!("{:?}", st.pooling.value), &st.pooling.from) {
+                        m.pooling = if st.pooling.value == "cls" { Pooling::Cls } else { Pooling::Mean };
+                    }
+                    if take("normalize", st.normalize.value.to_string(), &st.normalize.from) {
+                        m.normalize = st.normalize.value;
+                    }
+                    if take("max_tokens", st.max_tokens.value.to_string(), &st.max_tokens.from) {
+                        m.max_tokens = st.max_tokens.value;
+                    }
+                    m.inferred.push((format!("commit = {:?}", resolved.commit), "the Hub (or the HF cache's refs)".into()));
+                }
+                Err(reason) => {
+                    // Placeholders that pass validation; loading fails with the reason.
+                    if m.max_tokens < 3 {
+                        m.max_tokens = 512;
+                    }
+                    m.unavailable = Some(format!("{source}: {reason}"));
+                }
+            }
+        }
     }
 
     fn resolve_paths(&mut self) {
@@ -517,6 +611,13 @@ impl Config {
             for name in m.names() {
                 if !names.insert(name.to_string()) {
                     return invalid(key("aliases"), format!("the name {name:?} is used by another model"));
+                }
+            }
+            if m.source.is_none() {
+                for (field, missing) in [("engine", m.engine.is_empty()), ("model", m.model.is_empty()), ("tokenizer", m.tokenizer.is_empty())] {
+                    if missing {
+                        return invalid(key(field), "is required (or name a Hub repository: source = \"hf:ORG/NAME\")".into());
+                    }
                 }
             }
             if !crate::engines::known(&m.engine) {

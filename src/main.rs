@@ -130,12 +130,21 @@ fn main() -> ExitCode {
     // EEANE_CACHE_DIR's (else ~/.cache/eeane).
     let cache = || loaded.as_ref().map(|c| c.cache_dir()).unwrap_or_else(|_| eeane::config::cache_dir_from_env());
     match &cli.command {
+        Command::Pull { name: None, list: false, .. } if cli.config.is_some() => {
+            return match &loaded {
+                Ok(config) => pull_sources(config),
+                Err(e) => {
+                    eprintln!("eeane: invalid config: {e}");
+                    ExitCode::from(EXIT_PREFLIGHT)
+                }
+            };
+        }
         Command::Pull { list: true, .. } | Command::Pull { name: None, .. } => {
             print!("{}", eeane::pull::catalog_table());
             return ExitCode::SUCCESS;
         }
         Command::Pull { name: Some(name), download_only, .. } if name.starts_with("hf:") => {
-            return match eeane::pull::hf::pull(name, &cache(), *download_only) {
+            return match eeane::pull::hf::pull(name, &cache(), *download_only, &eeane::pull::hf::bars()) {
                 Ok(entry) => {
                     println!("# Serve it with this entry in eeane.toml ({{cache}} is {}):\n{entry}", cache().display());
                     ExitCode::SUCCESS
@@ -247,6 +256,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// `eeane pull --config FILE`: fetches and prepares every `source` model the
+/// file names that is not prepared yet.
+fn pull_sources(config: &Config) -> ExitCode {
+    let mut failed = 0;
+    for m in config.models.iter().filter(|m| m.policy(&config.server) != eeane::config::LoadPolicy::Disabled) {
+        let Some(source) = &m.source else { continue };
+        match eeane::pull::hf::ensure_prepared(source, &config.cache_dir(), config.server.hub_downloads) {
+            Ok(()) => eprintln!("{}: {source} ready in {}", m.id, m.model.path().display()),
+            Err(e) => {
+                eprintln!("eeane pull: {}: {e}", m.id);
+                failed += 1;
+            }
+        }
+    }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn check_config(config: &Config) -> ExitCode {
     // An engine this platform cannot run fails the check; at start-up only
     // its models fail (resident ones stop the start, as any preflight does).
@@ -261,8 +291,17 @@ fn check_config(config: &Config) -> ExitCode {
         return ExitCode::from(EXIT_PREFLIGHT);
     }
     for m in &config.models {
+        for (value, from) in &m.inferred {
+            eprintln!("eeane: models {:?}: {value}  (from {from})", m.id);
+        }
+        if let Some(reason) = &m.unavailable {
+            eprintln!("eeane: warning: models {:?}: {reason}", m.id);
+            continue;
+        }
         for (what, path) in [("model", m.model.path()), ("tokenizer", m.tokenizer.path())] {
-            if !path.exists() {
+            if !path.exists() && m.source.is_some() {
+                eprintln!("eeane: models {:?}: {what} file {} will be fetched and prepared from {} at its first load (or `eeane pull --config FILE`)", m.id, path.display(), m.source.as_deref().unwrap_or(""));
+            } else if !path.exists() {
                 eprintln!("eeane: warning: models {:?}: {what} file {} does not exist yet", m.id, path.display());
             }
         }

@@ -53,6 +53,17 @@ impl LoadedModel {
     /// model that cannot answer fails here, not on a user's request.
     pub async fn load(config: &ModelConfig, server: &Config) -> Result<Self, ModelError> {
         let started = Instant::now();
+        if let Some(reason) = &config.unavailable {
+            return Err(ModelError::Engine(EngineError::Model(reason.clone())));
+        }
+        if let Some(source) = config.source.clone() {
+            // A Hub model's weights come (and are prepared) at its first load.
+            let (cache, downloads) = (server.cache_dir(), server.server.hub_downloads);
+            tokio::task::spawn_blocking(move || crate::pull::hf::ensure_prepared(&source, &cache, downloads))
+                .await
+                .expect("Hub fetch panicked")
+                .map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
+        }
         let files = vec![config.model.path(), config.tokenizer.path()];
         tokio::task::spawn_blocking(move || crate::integrity::verify(&files))
             .await

@@ -345,3 +345,82 @@ fn pulled_models_serve_what_the_repository_declares() {
         assert!(worst >= 0.9999, "{repo}: min cosine {worst}");
     }
 }
+
+/// `source = "hf:..."` entries: read from the repository unless the entry
+/// says otherwise (check-config names each value's file), fetched and
+/// prepared at the first request, a gated one failing alone; with
+/// hub_downloads = false nothing is fetched and the model says so.
+#[test]
+fn source_entries_are_read_fetched_at_first_load_and_overridable() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let first = "eeane-test/minilm-at-first-load";
+    let _ = std::fs::remove_dir_all(common::cache_dir().join("models/hf--eeane-test--minilm-at-first-load"));
+    let config = format!(
+        "[[models]]\nid = \"first\"\nsource = \"hf:{first}\"\n\n\
+         [[models]]\nid = \"mean-as-cls\"\nsource = \"hf:{MINILM}\"\npooling = \"cls\"\n\n\
+         [[models]]\nid = \"gated\"\nsource = \"hf:eeane-test/gated-minilm\"\n\n{}",
+        common::model_entry("local", "all-minilm-l6-v2", "")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("eeane.toml");
+    std::fs::write(&file, &config).unwrap();
+    let env = [("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str()), ("NO_COLOR", "1")];
+
+    let check = Command::new(env!("CARGO_BIN_EXE_eeane")).arg("--config").arg(&file).arg("check-config").envs(env).env_remove("HF_TOKEN").output().unwrap();
+    let said = String::from_utf8_lossy(&check.stderr);
+    for line in [
+        "models \"first\": pooling = \"cls\"  (from 1_Pooling/config.json)",
+        "models \"first\": normalize = false  (from modules.json (no Normalize module))",
+        "models \"first\": max_tokens = 256  (from sentence_bert_config.json (max_seq_length))",
+        "models \"mean-as-cls\": normalize = true  (from modules.json (a Normalize module))",
+        "models \"gated\": hf:eeane-test/gated-minilm: eeane-test/gated-minilm is gated",
+    ] {
+        assert!(said.contains(line), "check-config does not say {line:?}:\n{said}");
+    }
+    assert!(!said.contains("models \"mean-as-cls\": pooling"), "the entry's own pooling is not inferred:\n{said}");
+    assert!(!files_under(&repo_dir(home.path(), first)).iter().any(|f| f.ends_with(".safetensors")), "weights fetched before the first load");
+
+    let server = common::Server::start(Some(&config), &env);
+    let texts = common::fixture_texts();
+    let embed = |model: &str| {
+        let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": texts}));
+        (status, response)
+    };
+    let (status, response) = embed("first");
+    assert_eq!(status, 200, "{response}");
+    let served = common::vectors(&response);
+    assert!(server.stderr().contains("fetching and preparing a Hub model") && server.stderr().contains("downloading"), "{}", server.stderr());
+    // CLS without Normalize, as the repository declares: raw vectors.
+    let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    assert!(served.iter().all(|v| (norm(v) - 1.0).abs() > 0.01), "vectors were normalized");
+    // The override: the mean model's weights, CLS-pooled, normalized (its Normalize module).
+    let (status, response) = embed("mean-as-cls");
+    assert_eq!(status, 200, "{response}");
+    for (overridden, raw) in common::vectors(&response).iter().zip(&served) {
+        let cos = common::cosine(overridden, &common::as_f64(raw));
+        assert!(cos > 0.99999 && (norm(overridden) - 1.0).abs() < 1e-4, "cosine {cos}, norm {}", norm(overridden));
+    }
+    let (status, response) = embed("gated");
+    assert_eq!(status, 503, "{response}");
+    assert!(response["error"]["message"].as_str().unwrap().contains("HF_TOKEN"), "{response}");
+    assert_eq!(embed("local").0, 200, "the other models serve");
+
+    // hub_downloads = false, an empty HF cache: nothing is fetched, the model says why, the rest serve.
+    let offline_home = tempfile::tempdir().unwrap();
+    let offline_config = format!("[server]\nhub_downloads = false\n\n{config}");
+    let offline_env = [("HF_HOME", offline_home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())];
+    let before = hub.log().len();
+    let offline = common::Server::start(Some(&offline_config), &offline_env);
+    let (status, response) = offline.post("/v1/embeddings", &serde_json::json!({"model": "first", "input": "x"}));
+    assert_eq!(status, 503, "{response}");
+    assert!(response["error"]["message"].as_str().unwrap().contains("hub_downloads = false"), "{response}");
+    assert_eq!(offline.post("/v1/embeddings", &serde_json::json!({"model": "local", "input": "x"})).0, 200);
+    assert_eq!(hub.log().len(), before, "the Hub was asked despite hub_downloads = false");
+
+    // `eeane pull --config FILE`: everything it can, and the reason for the rest.
+    let pulled = Command::new(env!("CARGO_BIN_EXE_eeane")).arg("pull").arg("--config").arg(&file).envs(env).env_remove("HF_TOKEN").output().unwrap();
+    let said = String::from_utf8_lossy(&pulled.stderr);
+    assert!(!pulled.status.success(), "{said}");
+    assert!(said.contains("first: hf:eeane-test/minilm-at-first-load ready") && said.contains("mean-as-cls: hf:") && said.contains("gated: eeane-test/gated-minilm is gated"), "{said}");
+}

@@ -5,6 +5,11 @@ use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// The CLI's progress: a bar per file.
+pub fn bars() -> impl Progress {
+    Bars(Default::default())
+}
+
 use super::hub::{Hub, Progress, RepoRef};
 use super::st::StModel;
 
@@ -59,29 +64,102 @@ impl Progress for Bars {
     }
 }
 
+/// What a `source` entry resolves to.
+pub struct Resolved {
+    /// The prepared model's folder under `{cache}/models`.
+    pub dir_name: String,
+    pub commit: String,
+    pub model: StModel,
+}
+
+fn dir_name(repo: &RepoRef) -> String {
+    format!("hf--{}", repo.repo.replace('/', "--"))
+}
+
+/// Runs `work` on a thread of its own: the Hub client drives its own
+/// runtime, which must not start inside the server's (a reload runs there).
+fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, String> {
+    std::thread::spawn(work).join().map_err(|_| "the Hub client panicked".to_string())?
+}
+
+/// The configs of `repo` fetched (small JSON files only); whether it ships onnx/model.onnx.
+fn fetch_configs(hub: &Hub, repo: &RepoRef, progress: &dyn Progress) -> Result<(super::hub::Snapshot, bool), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let listing = std::cell::RefCell::new(Vec::new());
+    let configs = runtime.block_on(hub.snapshot(
+        repo,
+        |all: &[&str]| {
+            *listing.borrow_mut() = all.iter().map(|f| f.to_string()).collect();
+            select_files(all).into_iter().filter(|f| f.ends_with(".json")).collect()
+        },
+        progress,
+    ))?;
+    let ships_onnx = listing.borrow().iter().any(|f| f == "onnx/model.onnx") || configs.dir.join("onnx/model.onnx").is_file();
+    Ok((configs, ships_onnx))
+}
+
+/// Reads `source` as sentence-transformers would, from the HF cache when it
+/// has the revision's configs, else (with `downloads`) from the Hub's config
+/// files alone; the weights are left for `ensure_prepared`.
+pub fn resolve(source: &str, cache: &Path, downloads: bool) -> Result<Resolved, String> {
+    let repo = RepoRef::parse(source)?;
+    let mut hub = Hub::from_env()?;
+    hub.offline |= !downloads;
+    let cached = hub.cached_commit(&repo).filter(|commit| hub.snapshot_dir(&repo, commit).join("config.json").is_file());
+    let (dir, commit, ships_onnx) = match cached {
+        Some(commit) => {
+            let dir = hub.snapshot_dir(&repo, &commit);
+            let onnx = dir.join("onnx/model.onnx").is_file();
+            (dir, commit, onnx)
+        }
+        None if hub.offline => {
+            let why = if downloads { "HF_HUB_OFFLINE is set" } else { "server.hub_downloads = false" };
+            return Err(format!("{}@{} is not in the HF cache ({}) and {why}; run `eeane pull {source}` where the Hub is reachable", repo.repo, repo.revision, hub.cache.display()));
+        }
+        None => {
+            let _ = cache;
+            let (hub, repo) = (hub, repo.clone());
+            let (snapshot, onnx) = off_runtime(move || fetch_configs(&hub, &repo, &Quiet))?;
+            (snapshot.dir, snapshot.commit, onnx)
+        }
+    };
+    let model = StModel::read(&dir, &repo.repo, ships_onnx)?;
+    Ok(Resolved { dir_name: dir_name(&repo), commit, model })
+}
+
+/// Makes `{cache}/models/hf--ORG--NAME` hold `source`'s prepared model at the
+/// commit it resolves to, fetching and preparing it when it does not (with
+/// `downloads`); progress goes to the log.
+pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool) -> Result<(), String> {
+    let resolved = resolve(source, cache, downloads)?;
+    let repo = RepoRef::parse(source)?;
+    let pinned = format!("hf:{}@{}", repo.repo, resolved.commit);
+    let out = cache.join("models").join(&resolved.dir_name);
+    let manifest: Option<serde_json::Value> = std::fs::read(out.join("manifest.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    if manifest.as_ref().is_some_and(|m| m["source"]["hub"] == pinned.as_str()) && out.join("model.onnx").is_file() {
+        return Ok(());
+    }
+    if !downloads {
+        return Err(format!("{source} is not prepared in {} and server.hub_downloads = false; run `eeane pull {source}`", out.display()));
+    }
+    tracing::info!(%source, commit = %resolved.commit, "fetching and preparing a Hub model");
+    let (source, cache) = (format!("hf:{}@{}", repo.repo, resolved.commit), cache.to_path_buf());
+    off_runtime(move || pull(&source, &cache, false, &LogProgress::default()).map(drop))
+}
+
 /// Downloads `source`'s files into the HF cache, reads them as
 /// sentence-transformers does, prepares the ONNX model under
 /// `{cache}/models/hf--ORG--NAME` (models/prepare.py, checked against the
 /// numpy reference) and returns the `[[models]]` entry that serves it; with
 /// `download_only`, where the files are.
-pub fn pull(source: &str, cache: &Path, download_only: bool) -> Result<String, String> {
+pub fn pull(source: &str, cache: &Path, download_only: bool, progress: &dyn Progress) -> Result<String, String> {
     let repo = RepoRef::parse(source)?;
     let hub = Hub::from_env()?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let bars = Bars(Default::default());
     // The configs first: an architecture eeane cannot serve is refused before the weights come.
-    let listing = std::cell::RefCell::new(Vec::new());
-    let configs = runtime.block_on(hub.snapshot(
-        &repo,
-        |all: &[&str]| {
-            *listing.borrow_mut() = all.iter().map(|f| f.to_string()).collect();
-            select_files(all).into_iter().filter(|f| f.ends_with(".json")).collect()
-        },
-        &bars,
-    ))?;
-    let ships_onnx = listing.borrow().iter().any(|f| f == "onnx/model.onnx");
+    let (configs, ships_onnx) = fetch_configs(&hub, &repo, progress)?;
     let model = StModel::read(&configs.dir, &repo.repo, ships_onnx)?;
-    let snapshot = runtime.block_on(hub.snapshot(&repo, select_files, &bars))?;
+    let snapshot = runtime.block_on(hub.snapshot(&repo, select_files, progress))?;
     eprintln!(
         "{}@{}: commit {}, {:.1} MiB downloaded, in {}",
         repo.repo,
@@ -93,10 +171,43 @@ pub fn pull(source: &str, cache: &Path, download_only: bool) -> Result<String, S
     if download_only {
         return Ok(format!("# {} at commit {}\n# files: {}\n", repo.repo, snapshot.commit, snapshot.dir.display()));
     }
-    let dir_name = format!("hf--{}", repo.repo.replace('/', "--"));
+    let dir_name = dir_name(&repo);
     let pinned = format!("hf:{}@{}", repo.repo, snapshot.commit);
     super::run_prepare(cache, &["--hf-snapshot".into(), snapshot.dir.display().to_string(), "--name".into(), dir_name.clone(), "--source".into(), pinned])?;
     Ok(model.entry(&repo.repo, &snapshot.commit, &dir_name))
+}
+
+/// No progress shown (the config files are a few kilobytes).
+struct Quiet;
+
+impl Progress for Quiet {
+    fn start(&self, _: &str, _: u64, _: u64) {}
+    fn advance(&self, _: &str, _: u64) {}
+    fn finish(&self, _: &str) {}
+}
+
+/// Progress as log lines: at the start, every 5 s, and at the end of each file.
+#[derive(Default)]
+pub struct LogProgress(std::cell::Cell<Option<(std::time::Instant, u64)>>);
+
+impl Progress for LogProgress {
+    fn start(&self, file: &str, done: u64, total: u64) {
+        tracing::info!(file, done, total, "downloading");
+        self.0.set(Some((std::time::Instant::now(), total)));
+    }
+
+    fn advance(&self, file: &str, done: u64) {
+        if let Some((last, total)) = self.0.get() {
+            if last.elapsed() >= std::time::Duration::from_secs(5) {
+                tracing::info!(file, done, total, percent = format!("{:.0}", done as f64 * 100.0 / total.max(1) as f64), "downloading");
+                self.0.set(Some((std::time::Instant::now(), total)));
+            }
+        }
+    }
+
+    fn finish(&self, file: &str) {
+        tracing::info!(file, "downloaded");
+    }
 }
 
 #[cfg(test)]

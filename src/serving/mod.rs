@@ -159,7 +159,15 @@ impl Service {
                 LoadPolicy::Resident => {
                     live.registry.acquire(slot, &live.config, None).await.map_err(|e| e.to_string())?;
                 }
+                _ if slot.config.source.is_some() && slot.config.unavailable.is_none() && !slot.config.model.path().exists() => {
+                    tracing::info!(model = %slot.config.id, "fetched from its source at its first request");
+                }
                 _ => {
+                    if let Some(reason) = &slot.config.unavailable {
+                        tracing::warn!(model = %slot.config.id, "{reason}; its requests will fail until this is fixed");
+                        slot.mark_failed(reason.clone());
+                        continue;
+                    }
                     if let Err(reason) = check_files(&slot.config, &live.config) {
                         tracing::warn!(model = %slot.config.id, "{reason}; its requests will fail until this is fixed");
                         slot.mark_failed(reason);

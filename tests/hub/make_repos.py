@@ -10,6 +10,8 @@ weights the project already has, laid out as on the Hub:
   eeane-test/minilm-onnx-only             only onnx/model.onnx, with configs
                                           and tokenizer
   eeane-test/gated-minilm                 the first, gated (needs the token)
+  eeane-test/minilm-at-first-load         the second again, a repository of its
+                                          own for the test that fetches at load
   eeane-test/unsupported-arch             a config naming LlamaForCausalLM
 
     python3 tests/hub/make_repos.py --cache ~/.cache/eeane OUT
@@ -48,6 +50,8 @@ def main():
     pooling = json.loads((cls / "1_Pooling/config.json").read_text())
     pooling.update(pooling_mode_cls_token=True, pooling_mode_mean_tokens=False)
     write(cls / "1_Pooling/config.json", json.dumps(pooling, indent=2))
+
+    shutil.copytree(cls, out / "eeane-test/minilm-at-first-load")
 
     onnx_only = out / "eeane-test/minilm-onnx-only"
     for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "modules.json",
