@@ -295,6 +295,13 @@ pub struct ModelConfig {
     /// Why `source` could not be read: the model fails with this, the others serve.
     #[serde(skip)]
     pub unavailable: Option<String>,
+    /// Named prompts put before each text input, as sentence-transformers'
+    /// prompts are (`{ query = "query: " }`); a request's `prompt_name` picks one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prompts: BTreeMap<String, String>,
+    /// The prompt for requests that name none (sentence-transformers' default_prompt_name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_prompt_name: Option<String>,
     #[serde(default)]
     pub pooling: Pooling,
     #[serde(default = "yes")]
@@ -566,6 +573,14 @@ impl Config {
                     if take("max_tokens", st.max_tokens.value.to_string(), &st.max_tokens.from) {
                         m.max_tokens = st.max_tokens.value;
                     }
+                    if !st.prompts.value.is_empty() && take("prompts", format!("{:?}", st.prompts.value), &st.prompts.from) {
+                        m.prompts = st.prompts.value.clone();
+                    }
+                    if let Some(default) = &st.default_prompt_name {
+                        if take("default_prompt_name", format!("{:?}", default.value), &default.from) {
+                            m.default_prompt_name = Some(default.value.clone());
+                        }
+                    }
                     m.inferred.push((format!("commit = {:?}", resolved.commit), "the Hub (or the HF cache's refs)".into()));
                 }
                 Err(reason) => {
@@ -619,6 +634,9 @@ impl Config {
                         return invalid(key(field), "is required (or name a Hub repository: source = \"hf:ORG/NAME\")".into());
                     }
                 }
+            }
+            if let Some(name) = m.default_prompt_name.as_ref().filter(|n| !m.prompts.contains_key(*n)) {
+                return invalid(key("default_prompt_name"), format!("{name:?} is not one of its prompts"));
             }
             if !crate::engines::known(&m.engine) {
                 return invalid(

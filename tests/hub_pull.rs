@@ -424,3 +424,40 @@ fn source_entries_are_read_fetched_at_first_load_and_overridable() {
     assert!(!pulled.status.success(), "{said}");
     assert!(said.contains("first: hf:eeane-test/minilm-at-first-load ready") && said.contains("mean-as-cls: hf:") && said.contains("gated: eeane-test/gated-minilm is gated"), "{said}");
 }
+
+/// Prompts from config_sentence_transformers.json (or the entry): a request's
+/// prompt_name puts one before each text, the default applies without one,
+/// and usage counts its tokens.
+#[test]
+fn prompts_are_read_applied_and_counted() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[models]]\nid = \"prompts\"\nsource = \"hf:eeane-test/minilm-prompts\"\n\n{}\n{}",
+        common::model_entry("local", "all-minilm-l6-v2", ""),
+        common::model_entry("toml-prompts", "all-minilm-l6-v2", "prompts = { q = \"q: \" }")
+    );
+    let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
+    let embed = |model: &str, input: &str, prompt: Option<&str>| {
+        let mut body = serde_json::json!({"model": model, "input": [input]});
+        if let Some(p) = prompt {
+            body["prompt_name"] = p.into();
+        }
+        let (status, response) = server.post("/v1/embeddings", &body);
+        assert_eq!(status, 200, "{model} {input:?} {prompt:?}: {response}");
+        (common::vectors(&response).remove(0), response["usage"]["prompt_tokens"].as_u64().unwrap())
+    };
+    let same = |(a, ta): (Vec<f32>, u64), (b, tb): (Vec<f32>, u64), what: &str| {
+        let cos = common::cosine(&a, &common::as_f64(&b));
+        assert!(cos > 0.99999 && ta == tb, "{what}: cosine {cos}, tokens {ta} vs {tb}");
+    };
+    let text = "how do I reset my password";
+    same(embed("prompts", text, Some("query")), embed("local", &format!("query: {text}"), None), "prompt_name = query");
+    same(embed("prompts", text, None), embed("local", &format!("passage: {text}"), None), "the default prompt");
+    same(embed("toml-prompts", text, Some("q")), embed("local", &format!("q: {text}"), None), "a prompt set in TOML");
+    same(embed("toml-prompts", text, None), embed("local", text, None), "no default prompt");
+    let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": "prompts", "input": "x", "prompt_name": "nope"}));
+    assert_eq!(status, 400, "{response}");
+    assert_eq!(response["error"]["code"], "unknown_prompt");
+    assert!(response["error"]["message"].as_str().unwrap().contains("passage, query"), "{response}");
+}

@@ -36,9 +36,34 @@ pub struct EmbeddingsRequest {
     /// seconds, or a duration such as "5m"; 0 unloads at once, negative never.
     #[schema(schema_with = keep_alive_schema)]
     pub keep_alive: Option<Value>,
+    /// One of the model's prompts (sentence-transformers' and TEI's
+    /// `prompt_name`), put before each text input; without it the model's
+    /// default prompt, if it has one. Counted in `usage`.
+    pub prompt_name: Option<String>,
     /// Accepted for compatibility; unused.
     #[allow(dead_code)]
     pub user: Option<String>,
+}
+
+/// Puts the prompt a request names (else the model's default prompt) before
+/// each text input, as sentence-transformers' `encode(prompt_name=...)` does.
+/// Token-id inputs are the model's own ids already: a named prompt is refused
+/// for them, and no default applies.
+pub fn apply_prompt(inputs: Inputs, model: &crate::config::ModelConfig, prompt_name: Option<&str>) -> Result<Inputs, ApiError> {
+    let prompt = match prompt_name {
+        Some(name) => Some(model.prompts.get(name).ok_or_else(|| {
+            let known = if model.prompts.is_empty() { "it has none".to_string() } else { format!("its prompts: {}", model.prompts.keys().cloned().collect::<Vec<_>>().join(", ")) };
+            ApiError::invalid_request("unknown_prompt", format!("model {:?} has no prompt {name:?}; {known}", model.id)).with_param("prompt_name")
+        })?),
+        None => model.default_prompt_name.as_ref().and_then(|name| model.prompts.get(name)),
+    };
+    match (inputs, prompt) {
+        (Inputs::Texts(texts), Some(prompt)) => Ok(Inputs::Texts(texts.into_iter().map(|t| format!("{prompt}{t}")).collect())),
+        (Inputs::TokenIds(_), Some(_)) if prompt_name.is_some() => {
+            Err(ApiError::invalid_request("prompt_with_token_ids", "prompt_name applies to text input; token ids are taken as they are").with_param("prompt_name"))
+        }
+        (inputs, _) => Ok(inputs),
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -249,6 +274,7 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
             .with_param("model")
             .with_model(&slot.config.id));
     }
+    let inputs = apply_prompt(inputs, &slot.config, request.prompt_name.as_deref()).map_err(|e| e.with_model(&slot.config.id))?;
     if matches!(inputs, Inputs::TokenIds(_)) && !slot.config.accepts_token_ids(&live.config.server) {
         return Err(ApiError::invalid_request(
             "token_ids_not_accepted",

@@ -158,9 +158,11 @@ impl StModel {
             if self.onnx.is_some() { ", the repository's onnx/model.onnx" } else { ", graph built from model.safetensors" },
         );
         if !self.prompts.value.is_empty() {
-            let prompts: Vec<String> = self.prompts.value.iter().map(|(k, v)| format!("{k} = {v:?}")).collect();
-            let default = self.default_prompt_name.as_ref().map(|d| format!(", default {:?}", d.value)).unwrap_or_default();
-            entry += &format!("# prompts in {} (not applied by eeane yet): {}{default}\n", self.prompts.from, prompts.join(", "));
+            let prompts: Vec<String> = self.prompts.value.iter().map(|(k, v)| format!("{k:?} = {v:?}")).collect();
+            entry += &format!("prompts = {{ {} }}  # {}\n", prompts.join(", "), self.prompts.from);
+        }
+        if let Some(default) = &self.default_prompt_name {
+            entry += &format!("default_prompt_name = {:?}  # {}\n", default.value, default.from);
         }
         entry
     }

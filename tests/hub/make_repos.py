@@ -12,6 +12,8 @@ weights the project already has, laid out as on the Hub:
   eeane-test/gated-minilm                 the first, gated (needs the token)
   eeane-test/minilm-at-first-load         the second again, a repository of its
                                           own for the test that fetches at load
+  eeane-test/minilm-prompts               the first with query/passage prompts,
+                                          passage by default (as e5 declares them)
   eeane-test/unsupported-arch             a config naming LlamaForCausalLM
 
     python3 tests/hub/make_repos.py --cache ~/.cache/eeane OUT
@@ -52,6 +54,11 @@ def main():
     write(cls / "1_Pooling/config.json", json.dumps(pooling, indent=2))
 
     shutil.copytree(cls, out / "eeane-test/minilm-at-first-load")
+
+    prompts = out / "eeane-test/minilm-prompts"
+    shutil.copytree(minilm, prompts)
+    write(prompts / "config_sentence_transformers.json", json.dumps(
+        {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "passage", "similarity_fn_name": "cosine"}, indent=2))
 
     onnx_only = out / "eeane-test/minilm-onnx-only"
     for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "modules.json",
