@@ -39,7 +39,7 @@ def roberta_positions(weights, cfg):
     return {**weights, name: weights[name][offset:]}
 
 
-def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False, cls_head=None):
+def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False, cls_head=None, sequence_classifier=False):
     p = _prefix(weights)
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
@@ -131,6 +131,15 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
         logit = node("MatMul", [cls_state, const("head_w", np.asarray(w, np.float32).reshape(hidden, 1))])
         nodes.append(helper.make_node("Add", [logit, const("head_b", np.asarray(b, np.float32).reshape(1))], ["logits"]))
         output = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1])
+    elif sequence_classifier:
+        # transformers' BertForSequenceClassification: the [CLS] state through
+        # the pooler (dense, tanh), then the classifier: logits [B, labels].
+        cls_state = node("Gather", [x, const("zero_index", np.array(0, np.int64))], axis=1)
+        pooled_state = node("Tanh", [linear(cls_state, "pooler.dense")])
+        classifier_w = np.asarray(weights["classifier.weight"], np.float32)
+        logit = node("MatMul", [pooled_state, const("classifier_w", classifier_w.T.copy())])
+        nodes.append(helper.make_node("Add", [logit, const("classifier_b", np.asarray(weights["classifier.bias"], np.float32))], ["logits"]))
+        output = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classifier_w.shape[0]])
     elif pooled:
         # Mask-mean over real tokens, then L2: sum(x * m) / sum(m), x / max(|x|, 1e-12).
         weights_m = node("Unsqueeze", [mask_f, const("axes_2", np.array([2], np.int64))])
@@ -156,6 +165,15 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
+
+
+def numpy_sequence_logits(weights, cfg, ids, type_ids=None):
+    """float64 BertForSequenceClassification logits of one pair's ids: the
+    [CLS] state through the pooler (dense, tanh) and the classifier."""
+    p = _prefix(weights)
+    cls_state = numpy_forward(weights, cfg, ids, type_ids)[0]
+    pooled = np.tanh(cls_state @ weights[p + "pooler.dense.weight"].astype(np.float64).T + weights[p + "pooler.dense.bias"])
+    return pooled @ weights["classifier.weight"].astype(np.float64).T + weights["classifier.bias"]
 
 
 def numpy_forward(weights, cfg, ids, type_ids=None):

@@ -564,8 +564,15 @@ impl Config {
                         m.tokenizer = ConfigPath::new(format!("{dir}/tokenizer.json"));
                     }
                     let st = &resolved.model;
+                    if st.reranker && take("kind", "\"reranker\"".into(), "config.json (a sequence classifier with one label)") {
+                        m.kind = ModelKind::Reranker;
+                    }
                     if take("pooling", format!("{:?}", st.pooling.value), &st.pooling.from) {
-                        m.pooling = if st.pooling.value == "cls" { Pooling::Cls } else { Pooling::Mean };
+                        m.pooling = match st.pooling.value {
+                            "cls" => Pooling::Cls,
+                            "none" => Pooling::None,
+                            _ => Pooling::Mean,
+                        };
                     }
                     if take("normalize", st.normalize.value.to_string(), &st.normalize.from) {
                         m.normalize = st.normalize.value;

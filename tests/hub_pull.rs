@@ -461,3 +461,48 @@ fn prompts_are_read_applied_and_counted() {
     assert_eq!(response["error"]["code"], "unknown_prompt");
     assert!(response["error"]["message"].as_str().unwrap().contains("passage, query"), "{response}");
 }
+
+/// A BertForSequenceClassification with one label: read as a reranker, its
+/// graph built from safetensors (pooler and classifier included), its /rerank
+/// scores held to the float64 numpy network on the repository's own weights.
+#[test]
+fn a_cross_encoder_is_served_on_rerank() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let repo = "eeane-test/minilm-cross-encoder";
+    let _ = std::fs::remove_dir_all(common::cache_dir().join("models/hf--eeane-test--minilm-cross-encoder"));
+    let config = format!("[[models]]\nid = \"ce\"\nsource = \"hf:{repo}\"\nload_policy = \"resident\"\n");
+    let env = [("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())];
+    let server = common::Server::start(Some(&config), &env);
+    let (_, models) = server.get("/v1/models");
+    assert_eq!(models["data"][0]["kind"], "reranker", "{models}");
+    let rows: Value = serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/models/rerank_pairs.json")).unwrap()).unwrap();
+    let mut worst = (0.0f64, 0.0f64);
+    let mut first_right = 0;
+    for row in rows.as_array().unwrap().iter().take(8) {
+        let query = row["query"].as_str().unwrap();
+        let mut documents = vec![row["relevant"].as_str().unwrap().to_string()];
+        documents.extend(row["irrelevant"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_string()));
+        let mut child = Command::new(python()).arg(script("reference.py")).arg(the_snapshot(home.path(), repo)).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(serde_json::json!({"query": query, "documents": documents}).to_string().as_bytes()).unwrap();
+        let reference: Value = serde_json::from_slice(&child.wait_with_output().unwrap().stdout).unwrap();
+        let logits: Vec<f64> = common::f64s(&reference["logits"]);
+        for raw in [false, true] {
+            let (status, response) = server.post("/v1/rerank", &serde_json::json!({"model": "ce", "query": query, "documents": documents, "raw_scores": raw}));
+            assert_eq!(status, 200, "{response}");
+            let results = response["results"].as_array().unwrap();
+            if !raw && results[0]["index"] == 0 {
+                first_right += 1;
+            }
+            for r in results {
+                let (index, score) = (r["index"].as_u64().unwrap() as usize, r["relevance_score"].as_f64().unwrap());
+                let want = if raw { logits[index] } else { 1.0 / (1.0 + (-logits[index]).exp()) };
+                let slot = if raw { &mut worst.1 } else { &mut worst.0 };
+                *slot = slot.max((score - want).abs());
+            }
+        }
+    }
+    println!("cross-encoder: max |score - reference| {:.2e} (sigmoid), {:.2e} (raw logits); relevant ranked first on {first_right} of 8 queries", worst.0, worst.1);
+    assert!(worst.0 <= 1e-4 && worst.1 <= 1e-4, "{worst:?}");
+}

