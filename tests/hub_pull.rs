@@ -197,6 +197,12 @@ fn pull_fills_the_hf_cache_as_huggingface_hub_does() {
     assert!(again.ok && again.stderr.contains("0.0 MiB downloaded"), "{}", again.stderr);
     assert_eq!(hub.log().len(), before + 2, "only the model info is asked again (for the configs, then for the rest)");
     println!("eeane and huggingface_hub: commit {commit}, {} files, identical links and bytes", ours_files.len());
+
+    // `eeane models` lists the HF cache's repositories with commit and size.
+    let models = Command::new(env!("CARGO_BIN_EXE_eeane")).arg("models").env("HF_HOME", ours.path()).output().unwrap();
+    let listed = String::from_utf8_lossy(&models.stdout);
+    let line = listed.lines().find(|l| l.starts_with(MINILM)).unwrap_or_else(|| panic!("{MINILM} not listed:\n{listed}"));
+    assert!(line.contains(&commit[..12]) && line.contains("MiB"), "{line}");
 }
 
 #[test]

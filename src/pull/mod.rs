@@ -146,6 +146,7 @@ pub fn cached_models(cache: &Path) -> Vec<CachedModel> {
                 let s = &m["source"];
                 let made_from = ["built_from", "converted_from", "quantized_from"].iter().find_map(|k| s[*k].as_str());
                 match (s["package"].as_str(), made_from) {
+                    _ if s["hub"].is_string() => s["hub"].as_str().unwrap_or_default().to_string(),
                     (Some(package), _) => package.to_string(),
                     (None, Some(model)) => format!("made from {model}"),
                     (None, None) => s.to_string(),
@@ -180,11 +181,13 @@ pub fn models_table(cache: &Path) -> String {
     let catalog = Catalog::builtin();
     let cached = cached_models(cache);
     let mut out = format!("cache: {}\n\n", cache.display());
-    out += &format!("{:<28} {:>11}  {:<10} {}\n", "MODEL", "SIZE", "STATE", "SOURCE");
+    let width = cached.iter().map(|m| m.name.len()).max().unwrap_or(0).max(28);
+    out += &format!("{:<width$} {:>11}  {:<10} {}\n", "MODEL", "SIZE", "STATE", "SOURCE");
     for m in &cached {
         let state = if m.complete { "ready" } else { "incomplete" };
-        out += &format!("{:<28} {:>11}  {:<10} {}\n", m.name, mib(m.bytes), state, m.source.as_deref().unwrap_or("no manifest"));
+        out += &format!("{:<width$} {:>11}  {:<10} {}\n", m.name, mib(m.bytes), state, m.source.as_deref().unwrap_or("no manifest"));
     }
+    out += &hub_table();
     let missing: Vec<&str> = catalog.names().into_iter().filter(|n| !cached.iter().any(|m| m.name == *n && m.complete)).collect();
     if !missing.is_empty() {
         out += &format!("\nnot pulled (eeane pull NAME): {}\n", missing.join(", "));
@@ -197,6 +200,45 @@ pub fn models_table(cache: &Path) -> String {
         }
     }
     out
+}
+
+/// The Hugging Face cache's model repositories, one line per snapshot:
+/// repository, commit, and the size of the files it holds.
+fn hub_table() -> String {
+    let Ok(hub) = hub::Hub::from_env() else { return String::new() };
+    let Ok(repos) = std::fs::read_dir(&hub.cache) else { return String::new() };
+    let mut lines = Vec::new();
+    for repo in repos.flatten() {
+        let name = repo.file_name().to_string_lossy().into_owned();
+        let Some(id) = name.strip_prefix("models--") else { continue };
+        let id = id.replacen("--", "/", 1);
+        let Ok(snapshots) = std::fs::read_dir(repo.path().join("snapshots")) else { continue };
+        for snapshot in snapshots.flatten() {
+            // Snapshot entries link into blobs/: their targets' sizes.
+            let bytes = snapshot_bytes(&snapshot.path());
+            lines.push(format!("{:<44} {:<12} {:>11}\n", id, &snapshot.file_name().to_string_lossy()[..12.min(snapshot.file_name().len())], mib(bytes)));
+        }
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    lines.sort();
+    format!("\nHugging Face cache ({}):\n{:<44} {:<12} {:>11}\n{}", hub.cache.display(), "REPOSITORY", "COMMIT", "SIZE", lines.concat())
+}
+
+fn snapshot_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| {
+            let path = e.path();
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_dir() => snapshot_bytes(&path),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            }
+        })
+        .sum()
 }
 
 /// The text `eeane pull --list` prints.
