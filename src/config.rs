@@ -192,6 +192,14 @@ pub enum Pooling {
     Cls,
     /// The graph pools itself; its output is used as it comes.
     None,
+    /// The largest value of each dimension over the real tokens
+    /// (sentence-transformers' pooling_mode_max_tokens).
+    Max,
+    /// The last real token's state (pooling_mode_lasttoken, for decoder models).
+    LastToken,
+    /// The sum of the token states over the square root of their count
+    /// (pooling_mode_mean_sqrt_len_tokens).
+    MeanSqrtLen,
 }
 
 /// How a SentencePiece vocabulary is numbered (ignored for tokenizer.json).
@@ -571,6 +579,9 @@ impl Config {
                         m.pooling = match st.pooling.value {
                             "cls" => Pooling::Cls,
                             "none" => Pooling::None,
+                            "max" => Pooling::Max,
+                            "last_token" => Pooling::LastToken,
+                            "mean_sqrt_len" => Pooling::MeanSqrtLen,
                             _ => Pooling::Mean,
                         };
                     }

@@ -7,18 +7,29 @@ use crate::config::Pooling;
 /// Pools one row of token states `[seq, dim]` over its first `len` (real) tokens.
 /// Padding never reaches the result: only the first `len` rows are read.
 pub fn pool(states: &[f32], dim: usize, len: usize, pooling: Pooling) -> Vec<f32> {
+    let real = &states[..len * dim];
+    let sum = || {
+        let mut sum = vec![0f64; dim];
+        for token in real.chunks_exact(dim) {
+            for (s, &v) in sum.iter_mut().zip(token) {
+                *s += v as f64;
+            }
+        }
+        sum
+    };
     match pooling {
         Pooling::Cls => states[..dim].to_vec(),
         Pooling::None => unreachable!("graphs that pool return pooled output, which is never pooled again"),
-        Pooling::Mean => {
-            let mut sum = vec![0f64; dim];
-            for token in states[..len * dim].chunks_exact(dim) {
-                for (s, &v) in sum.iter_mut().zip(token) {
-                    *s += v as f64;
-                }
+        Pooling::Mean => sum().into_iter().map(|s| (s / len.max(1) as f64) as f32).collect(),
+        Pooling::MeanSqrtLen => sum().into_iter().map(|s| (s / (len.max(1) as f64).sqrt()) as f32).collect(),
+        Pooling::Max => {
+            let mut max = vec![f32::NEG_INFINITY; dim];
+            for token in real.chunks_exact(dim) {
+                max.iter_mut().zip(token).for_each(|(m, &v)| *m = m.max(v));
             }
-            sum.into_iter().map(|s| (s / len.max(1) as f64) as f32).collect()
+            max
         }
+        Pooling::LastToken => states[len.max(1) * dim - dim..len.max(1) * dim].to_vec(),
     }
 }
 
@@ -59,7 +70,7 @@ pub fn truncate_dimensions(v: &mut Vec<f32>, dims: usize) {
 pub fn pool_output(output: EngineOutput, batch: &TokenBatch, pooling: Pooling, unit_length: bool, who: &str) -> Result<Vec<Vec<f32>>, EngineError> {
     let mut vectors: Vec<Vec<f32>> = match (output, pooling) {
         (EngineOutput::Pooled { data, dim, .. }, Pooling::None) => data.chunks_exact(dim).map(<[f32]>::to_vec).collect(),
-        (EngineOutput::Hidden { data, seq, dim, .. }, pooling @ (Pooling::Mean | Pooling::Cls)) => data
+        (EngineOutput::Hidden { data, seq, dim, .. }, pooling) if pooling != Pooling::None => data
             .chunks_exact(seq * dim)
             .zip(&batch.lengths)
             .map(|(states, &len)| pool(states, dim, len, pooling))
@@ -97,6 +108,13 @@ mod tests {
         let states = [1.0, 2.0, 3.0, 4.0, 100.0, 100.0];
         assert_eq!(pool(&states, 2, 2, Pooling::Mean), vec![2.0, 3.0]);
         assert_eq!(pool(&states, 2, 2, Pooling::Cls), vec![1.0, 2.0]);
+        // Max, last token and mean over sqrt(len) read the real tokens only too.
+        assert_eq!(pool(&states, 2, 2, Pooling::Max), vec![3.0, 4.0]);
+        assert_eq!(pool(&[-1.0, 5.0, -3.0, 2.0, 9.0, 9.0], 2, 2, Pooling::Max), vec![-1.0, 5.0]);
+        assert_eq!(pool(&states, 2, 2, Pooling::LastToken), vec![3.0, 4.0]);
+        assert_eq!(pool(&states, 2, 1, Pooling::LastToken), vec![1.0, 2.0]);
+        let root2 = std::f64::consts::SQRT_2;
+        assert_eq!(pool(&states, 2, 2, Pooling::MeanSqrtLen), vec![(4.0 / root2) as f32, (6.0 / root2) as f32]);
     }
 
     #[test]

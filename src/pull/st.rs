@@ -84,18 +84,24 @@ impl StModel {
                 let pooling = read_json(dir, &file)?.ok_or_else(|| format!("{repo}: modules.json names {file}, which is missing"))?;
                 let on = |key: &str| pooling[key].as_bool() == Some(true);
                 let mode = pooling["pooling_mode"].as_str().map(str::to_string);
+                // sentence-transformers' modes and eeane's names; several
+                // at once are concatenated there, which eeane does not do.
+                const MODES: [(&str, &str, &str); 5] = [
+                    ("cls", "pooling_mode_cls_token", "cls"),
+                    ("mean", "pooling_mode_mean_tokens", "mean"),
+                    ("max", "pooling_mode_max_tokens", "max"),
+                    ("lasttoken", "pooling_mode_lasttoken", "last_token"),
+                    ("mean_sqrt_len_tokens", "pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+                ];
+                let unserved = |what: String| format!("{repo}: pooling {what} ({file}) is not one eeane serves (cls, mean, max, lasttoken, mean_sqrt_len_tokens, one at a time)");
                 let chosen = match mode.as_deref() {
-                    Some("cls") => "cls",
-                    Some("mean") => "mean",
-                    Some(other) => return Err(format!("{repo}: pooling {other:?} ({file}) is not one eeane serves yet (mean, cls)")),
-                    None if on("pooling_mode_cls_token") => "cls",
-                    None if on("pooling_mode_mean_tokens") => "mean",
+                    Some(name) => MODES.iter().find(|(m, _, _)| *m == name).map(|(_, _, ours)| *ours).ok_or_else(|| unserved(format!("{name:?}")))?,
                     None => {
-                        let modes: Vec<&str> = ["pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"]
-                            .into_iter()
-                            .filter(|k| on(k))
-                            .collect();
-                        return Err(format!("{repo}: pooling {modes:?} ({file}) is not one eeane serves yet (mean, cls)"));
+                        let set: Vec<&str> = pooling.as_object().into_iter().flatten().filter(|(k, v)| k.starts_with("pooling_mode") && v.as_bool() == Some(true)).map(|(k, _)| k.as_str()).collect();
+                        match MODES.iter().find(|(_, flag, _)| set == [*flag]) {
+                            Some((_, _, ours)) => *ours,
+                            None => return Err(unserved(format!("{set:?}"))),
+                        }
                     }
                 };
                 inferred(chosen, &file)
@@ -250,8 +256,14 @@ mod tests {
         assert!(e.contains("LlamaForCausalLM") && e.contains("BertModel") && e.contains("optimum-cli export onnx --model org/llm"), "{e}");
         let dense = repo(&[("config.json", BERT), ("modules.json", r#"[{"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#)]);
         assert!(StModel::read(dense.path(), "org/d", false).unwrap_err().contains("Dense"));
-        let max = repo(&[("config.json", BERT), ("modules.json", MODULES), ("1_Pooling/config.json", r#"{"pooling_mode_max_tokens": true}"#)]);
-        assert!(StModel::read(max.path(), "org/x", false).unwrap_err().contains("pooling_mode_max_tokens"));
+        let two = repo(&[("config.json", BERT), ("modules.json", MODULES), ("1_Pooling/config.json", r#"{"pooling_mode_max_tokens": true, "pooling_mode_mean_tokens": true}"#)]);
+        assert!(StModel::read(two.path(), "org/x", false).unwrap_err().contains("pooling_mode_max_tokens"));
+        let weighted = repo(&[("config.json", BERT), ("modules.json", MODULES), ("1_Pooling/config.json", r#"{"pooling_mode": "weightedmean"}"#)]);
+        assert!(StModel::read(weighted.path(), "org/w", false).unwrap_err().contains("weightedmean"));
+        for (file, ours) in [(r#"{"pooling_mode_max_tokens": true}"#, "max"), (r#"{"pooling_mode": "lasttoken"}"#, "last_token"), (r#"{"pooling_mode_mean_sqrt_len_tokens": true, "pooling_mode_cls_token": false}"#, "mean_sqrt_len")] {
+            let dir = repo(&[("config.json", BERT), ("modules.json", MODULES), ("1_Pooling/config.json", file)]);
+            assert_eq!(StModel::read(dir.path(), "org/p", false).unwrap().pooling.value, ours, "{file}");
+        }
         let two_labels = repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "no", "1": "yes"}}"#)]);
         assert!(StModel::read(two_labels.path(), "org/nli", false).unwrap_err().contains("2 labels"));
         let one_label = repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}, "max_position_embeddings": 512}"#)]);

@@ -12,6 +12,7 @@ weights the project already has, laid out as on the Hub:
   eeane-test/gated-minilm                 the first, gated (needs the token)
   eeane-test/minilm-at-first-load         the second again, a repository of its
                                           own for the test that fetches at load
+  eeane-test/minilm-max                   the second with max pooling
   eeane-test/minilm-prompts               the first with query/passage prompts,
                                           passage by default (as e5 declares them)
   eeane-test/unsupported-arch             a config naming LlamaForCausalLM
@@ -98,6 +99,10 @@ def main():
     write(cls / "1_Pooling/config.json", json.dumps(pooling, indent=2))
 
     shutil.copytree(cls, out / "eeane-test/minilm-at-first-load")
+
+    max_pooled = out / "eeane-test/minilm-max"
+    shutil.copytree(cls, max_pooled)
+    write(max_pooled / "1_Pooling/config.json", json.dumps({**pooling, "pooling_mode_cls_token": False, "pooling_mode_max_tokens": True}, indent=2))
 
     prompts = out / "eeane-test/minilm-prompts"
     shutil.copytree(minilm, prompts)

@@ -44,7 +44,7 @@ def main():
     modules = json.loads((snapshot / "modules.json").read_text())
     pooling_dir = next(m["path"] for m in modules if m["type"].endswith("Pooling"))
     pooling = json.loads((snapshot / pooling_dir / "config.json").read_text())
-    cls = pooling.get("pooling_mode_cls_token") or pooling.get("pooling_mode") == "cls"
+    mode = pooling.get("pooling_mode") or next(k[len("pooling_mode_"):] for k, v in pooling.items() if k.startswith("pooling_mode_") and v is True)
     normalize = any(m["type"].endswith("Normalize") for m in modules)
     tok = Tokenizer.from_file(str(snapshot / "tokenizer.json"))
     tok.no_padding()
@@ -72,7 +72,8 @@ def main():
     vectors = []
     for text in request["texts"]:
         h = hidden(tok.encode(text).ids)
-        v = h[0] if cls else h.mean(0)
+        v = {"cls": h[0], "cls_token": h[0], "mean": h.mean(0), "mean_tokens": h.mean(0), "max_tokens": h.max(0), "max": h.max(0),
+             "lasttoken": h[-1], "mean_sqrt_len_tokens": h.sum(0) / np.sqrt(len(h))}[mode]
         if normalize:
             v = v / np.linalg.norm(v)
         vectors.append(v.tolist())
