@@ -312,7 +312,7 @@ fn offline_a_model_huggingface_hub_fetched_is_used_as_it_is() {
 fn pulled_models_serve_what_the_repository_declares() {
     let hub = LookAlike::start();
     let home = tempfile::tempdir().unwrap();
-    let repos = [MINILM, "eeane-test/minilm-cls-raw", "eeane-test/minilm-onnx-only", "eeane-test/minilm-max"];
+    let repos = [MINILM, "eeane-test/minilm-cls-raw", "eeane-test/minilm-onnx-only", "eeane-test/minilm-max", "eeane-test/minilm-onnx-external-data"];
     let mut config = String::from("[server]\nport = 0\n\n");
     for repo in repos {
         let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);

@@ -9,6 +9,8 @@ weights the project already has, laid out as on the Hub:
                                           without a Normalize module
   eeane-test/minilm-onnx-only             only onnx/model.onnx, with configs
                                           and tokenizer
+  eeane-test/minilm-onnx-external-data    the same graph with its weights in
+                                          onnx/model.onnx_data, as large models ship
   eeane-test/gated-minilm                 the first, gated (needs the token)
   eeane-test/minilm-at-first-load         the second again, a repository of its
                                           own for the test that fetches at load
@@ -114,6 +116,16 @@ def main():
                  "sentence_bert_config.json", "1_Pooling/config.json", "config_sentence_transformers.json"]:
         write(onnx_only / name, (minilm / name).read_bytes())
     write(onnx_only / "onnx/model.onnx", (args.cache / "models/all-minilm-l6-v2/model.onnx").read_bytes())
+
+    # As large models ship: the graph in onnx/model.onnx, its weights beside
+    # it in onnx/model.onnx_data (ONNX external data).
+    import onnx
+
+    external = out / "eeane-test/minilm-onnx-external-data"
+    shutil.copytree(onnx_only, external, ignore=shutil.ignore_patterns("*.onnx"))
+    graph = onnx.load(str(args.cache / "models/all-minilm-l6-v2/model.onnx"))
+    onnx.save_model(graph, str(external / "onnx/model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx_data", size_threshold=1024)
 
     gated = out / "eeane-test/gated-minilm"
     shutil.copytree(minilm, gated)
