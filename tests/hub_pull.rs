@@ -277,6 +277,21 @@ fn an_interrupted_download_resumes_and_a_corrupt_one_is_refused() {
     assert!(!partial.exists());
     println!("resumed from {kept} of {size} bytes");
 
+    // The disk fills during the weights (a 4 MiB file-size limit stands in
+    // for a full disk: the write fails the same way): said so, nothing kept.
+    let full = tempfile::tempdir().unwrap();
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!("ulimit -f 4096; exec '{}' pull --download-only hf:{MINILM}", env!("CARGO_BIN_EXE_eeane")))
+        .env("HF_HOME", full.path())
+        .env("HF_ENDPOINT", &hub.endpoint)
+        .env_remove("HF_TOKEN")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("the disk is full") && said.contains("nothing of it is kept"), "{said}");
+    assert!(!leftovers(full.path(), MINILM).iter().any(|b| b.starts_with(&sha)), "{:?}", leftovers(full.path(), MINILM));
+
     // One flipped byte: refused, nothing kept.
     let fresh = tempfile::tempdir().unwrap();
     hub.fault("corrupt", &sha);

@@ -267,7 +267,11 @@ impl Hub {
                 // Kept for the next attempt, which resumes from here.
                 Err(e) => return Err(format!("the download of {file} broke off after {done} of {} bytes ({e}); run it again to resume", expected.size)),
             };
-            out.write_all(&chunk).map_err(|e| format!("cannot write {} after {done} bytes: {e}", partial.display()))?;
+            if let Err(e) = out.write_all(&chunk) {
+                // A full disk: the partial file would only hold on to the space.
+                let _ = std::fs::remove_file(&partial);
+                return Err(write_failed(&partial, done, &e));
+            }
             hash.update(&chunk);
             done += chunk.len() as u64;
             progress.advance(file, done);
@@ -394,6 +398,17 @@ pub struct Snapshot {
     pub dir: PathBuf,
     pub commit: String,
     pub fetched_bytes: u64,
+}
+
+/// The message for a failed write, saying so when the disk is full.
+fn write_failed(path: &Path, done: u64, e: &std::io::Error) -> String {
+    // ENOSPC, EFBIG (a file-size limit), EDQUOT.
+    let full = matches!(e.raw_os_error(), Some(28 | 27 | 122)) || e.kind() == std::io::ErrorKind::StorageFull;
+    if full {
+        format!("the disk is full: cannot write {} after {done} bytes ({e}); nothing of it is kept: free space and pull again", path.display())
+    } else {
+        format!("cannot write {} after {done} bytes: {e}", path.display())
+    }
 }
 
 fn is_commit(revision: &str) -> bool {
