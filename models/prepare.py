@@ -784,7 +784,7 @@ def check_sequence_classifier(onnx_path, weights, cfg, tokenizer_path):
     return max(float(np.abs(logits[i] - bert_onnx.numpy_sequence_logits(weights, cfg, e.ids, e.type_ids)).max()) for i, e in enumerate(encs))
 
 
-def onnx_from_hub_snapshot(cache, snapshot, name, source):
+def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None):
     """A Hub repository's snapshot (`eeane pull hf:...`) to `{cache}/models/NAME`:
     its own onnx/model.onnx (and external data) when it ships one, checked to
     run; else the graph built from its safetensors (BERT, RoBERTa, XLM-R) and
@@ -799,7 +799,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source):
 
     snapshot = Path(snapshot)
     out = cache / "models" / name
-    if manifest_is_current(out) and json.loads((out / "manifest.json").read_text())["source"].get("hub") == source:
+    if manifest_is_current(out) and json.loads((out / "manifest.json").read_text())["source"] == {"hub": source, "inferred": settings}:
         print(f"{name}: up to date in {out}")
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -828,7 +828,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source):
             if worst > 1e-4:
                 raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
             os.replace(tmp, out / "model.onnx")
-            write_manifest(out, {"hub": source}, {"max_abs_logit_diff": worst})
+            write_manifest(out, {"hub": source, "inferred": settings}, {"max_abs_logit_diff": worst})
             print(f"{name}: ready in {out}")
             return
         onnx.save_model(bert_onnx.build_graph(weights, cfg), tmp)
@@ -838,7 +838,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source):
             raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
         checks = {"min_cosine_vs_numpy_float64": min(cosines), "max_abs_hidden_diff": max_abs}
     os.replace(tmp, out / "model.onnx")
-    write_manifest(out, {"hub": source}, checks)
+    write_manifest(out, {"hub": source, "inferred": settings}, checks)
     print(f"{name}: ready in {out}")
 
 
@@ -947,12 +947,13 @@ def main():
     parser.add_argument("--fp16-weights", action="store_true", help="with --ncnn-from: store weights as fp16 (arithmetic stays fp32)")
     parser.add_argument("--hf-snapshot", metavar="DIR", help="a Hub repository's snapshot (eeane pull hf:...) to an ONNX model, with --name and --source")
     parser.add_argument("--source", help="with --hf-snapshot: hf:ORG/NAME@COMMIT, recorded in the manifest")
+    parser.add_argument("--settings", help="with --hf-snapshot: what eeane read from the repository (JSON), recorded in the manifest")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     if args.hf_snapshot:
         if not args.name or not args.source:
             parser.error("--hf-snapshot needs --name and --source")
-        onnx_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source)
+        onnx_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source, json.loads(args.settings) if args.settings else None)
         return
     if args.ncnn_from:
         if not args.name:

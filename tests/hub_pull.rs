@@ -306,19 +306,37 @@ fn an_interrupted_download_resumes_and_a_corrupt_one_is_refused() {
 #[test]
 fn offline_a_model_huggingface_hub_fetched_is_used_as_it_is() {
     let home = tempfile::tempdir().unwrap();
+    let repo = "eeane-test/minilm-offline";
+    let _ = std::fs::remove_dir_all(common::cache_dir().join("models/hf--eeane-test--minilm-offline"));
     let snapshot = {
         let hub = LookAlike::start();
-        let code = format!("from huggingface_hub import snapshot_download\nprint(snapshot_download({MINILM:?}))");
+        let code = format!("from huggingface_hub import snapshot_download\nprint(snapshot_download({repo:?}))");
         let out = Command::new(python()).args(["-c", &code]).env("HF_HOME", home.path()).env("HF_ENDPOINT", &hub.endpoint).env("HF_HUB_DISABLE_TELEMETRY", "1").output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
         // The look-alike stops here.
     };
-    let offline = pull(home.path(), "http://127.0.0.1:9", &format!("hf:{MINILM}"), &[("HF_HUB_OFFLINE", "1")]);
+    let offline = pull(home.path(), "http://127.0.0.1:9", &format!("hf:{repo}"), &[("HF_HUB_OFFLINE", "1")]);
     assert!(offline.ok, "{}", offline.stderr);
     assert!(offline.stdout.contains(&snapshot), "{} vs {snapshot}", offline.stdout);
     let missing = pull(home.path(), "http://127.0.0.1:9", "hf:eeane-test/minilm-cls-raw", &[("HF_HUB_OFFLINE", "1")]);
     assert!(!missing.ok && missing.stderr.contains("not in the HF cache") && missing.stderr.contains("HF_HUB_OFFLINE"), "{}", missing.stderr);
+
+    // Served from that cache with no Hub at all: read, prepared at the first request, answered.
+    let config = format!("[[models]]\nid = \"offline\"\nsource = \"hf:{repo}\"\n");
+    let env = [("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", "http://127.0.0.1:9"), ("HF_HUB_OFFLINE", "1")];
+    let server = common::Server::start(Some(&config), &env);
+    let texts = common::fixture_texts();
+    let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": "offline", "input": texts}));
+    assert_eq!(status, 200, "{response}");
+    let served = common::vectors(&response);
+    let mut child = Command::new(python()).arg(script("reference.py")).arg(&snapshot).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(serde_json::json!({"texts": texts, "max_tokens": 256}).to_string().as_bytes()).unwrap();
+    let reference: Value = serde_json::from_slice(&child.wait_with_output().unwrap().stdout).unwrap();
+    let worst = served.iter().zip(reference["vectors"].as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min);
+    println!("served offline from huggingface_hub's cache: min cosine to the reference {worst:.8}");
+    assert!(worst >= 0.9999, "{worst}");
 }
 
 /// Each pulled model, served from the entry `eeane pull` printed, against the
@@ -340,6 +358,10 @@ fn pulled_models_serve_what_the_repository_declares() {
     assert!(!refused.ok && refused.stderr.contains("LlamaForCausalLM") && refused.stderr.contains("optimum-cli export onnx"), "{}", refused.stderr);
     assert!(!files_under(&repo_dir(home.path(), "eeane-test/unsupported-arch")).iter().any(|f| f.ends_with("safetensors")), "weights fetched for a refused model");
 
+    // The manifest records the commit and what was read from which file.
+    let manifest: Value = serde_json::from_slice(&std::fs::read(common::cache_dir().join("models/hf--eeane-test--minilm-cls-raw/manifest.json")).unwrap()).unwrap();
+    assert!(manifest["source"]["hub"].as_str().unwrap().starts_with("hf:eeane-test/minilm-cls-raw@"), "{manifest}");
+    assert_eq!(manifest["source"]["inferred"]["pooling"], serde_json::json!({"value": "cls", "from": "1_Pooling/config.json"}), "{manifest}");
     // The same prepared graph on OpenVINO (it reads ONNX itself).
     config += &format!("[[models]]\nid = \"openvino\"\nsource = \"hf:{MINILM}\"\nengine = \"openvino\"\ndevice = \"CPU\"\n");
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);

@@ -173,7 +173,11 @@ pub fn pull(source: &str, cache: &Path, download_only: bool, progress: &dyn Prog
     }
     let dir_name = dir_name(&repo);
     let pinned = format!("hf:{}@{}", repo.repo, snapshot.commit);
-    super::run_prepare(cache, &["--hf-snapshot".into(), snapshot.dir.display().to_string(), "--name".into(), dir_name.clone(), "--source".into(), pinned])?;
+    let settings = model.settings().to_string();
+    super::run_prepare(
+        cache,
+        &["--hf-snapshot".into(), snapshot.dir.display().to_string(), "--name".into(), dir_name.clone(), "--source".into(), pinned, "--settings".into(), settings],
+    )?;
     Ok(model.entry(&repo.repo, &snapshot.commit, &dir_name))
 }
 

@@ -176,6 +176,23 @@ impl StModel {
 }
 
 impl StModel {
+    /// What was read and from which file, for the prepared model's manifest.
+    pub fn settings(&self) -> serde_json::Value {
+        let mut settings = serde_json::json!({
+            "architecture": self.architecture,
+            "kind": if self.reranker { "reranker" } else { "embedding" },
+            "weights": self.onnx.clone().unwrap_or_else(|| "model.safetensors".into()),
+            "pooling": {"value": self.pooling.value, "from": self.pooling.from},
+            "normalize": {"value": self.normalize.value, "from": self.normalize.from},
+            "max_tokens": {"value": self.max_tokens.value, "from": self.max_tokens.from},
+            "prompts": {"value": self.prompts.value, "from": self.prompts.from},
+        });
+        if let Some(default) = &self.default_prompt_name {
+            settings["default_prompt_name"] = serde_json::json!({"value": default.value, "from": default.from});
+        }
+        settings
+    }
+
     /// The `[[models]]` entry that serves the prepared model, each inferred
     /// value with the file it came from.
     pub fn entry(&self, repo: &str, commit: &str, dir_name: &str) -> String {

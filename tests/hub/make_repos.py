@@ -14,6 +14,8 @@ weights the project already has, laid out as on the Hub:
   eeane-test/gated-minilm                 the first, gated (needs the token)
   eeane-test/minilm-at-first-load         the second again, a repository of its
                                           own for the test that fetches at load
+  eeane-test/minilm-offline               the first again, for the test that
+                                          serves from the HF cache alone
   eeane-test/minilm-max                   the second with max pooling
   eeane-test/minilm-prompts               the first with query/passage prompts,
                                           passage by default (as e5 declares them)
@@ -101,6 +103,7 @@ def main():
     write(cls / "1_Pooling/config.json", json.dumps(pooling, indent=2))
 
     shutil.copytree(cls, out / "eeane-test/minilm-at-first-load")
+    shutil.copytree(minilm, out / "eeane-test/minilm-offline")
 
     max_pooled = out / "eeane-test/minilm-max"
     shutil.copytree(cls, max_pooled)
