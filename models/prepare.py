@@ -784,7 +784,26 @@ def check_sequence_classifier(onnx_path, weights, cfg, tokenizer_path):
     return max(float(np.abs(logits[i] - bert_onnx.numpy_sequence_logits(weights, cfg, e.ids, e.type_ids)).max()) for i, e in enumerate(encs))
 
 
-def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None):
+def mean_hidden(onnx_path, tokenizer_path, texts):
+    """Each text's mask-mean of the graph's last_hidden_state, one text at a time."""
+    import numpy as np
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.no_padding()
+    tok.enable_truncation(256)
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    out = []
+    for text in texts:
+        ids = np.asarray([tok.encode(text).ids], np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        out.append(sess.run(None, {n: feed[n] for n in names})[0][0].astype(np.float64).mean(0))
+    return out
+
+
+def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_file=None):
     """A Hub repository's snapshot (`eeane pull hf:...`) to `{cache}/models/NAME`:
     its own onnx/model.onnx (and external data) when it ships one, checked to
     run; else the graph built from its safetensors (BERT, RoBERTa, XLM-R) and
@@ -806,7 +825,33 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None):
     shutil.copyfile(snapshot / "tokenizer.json", out / "tokenizer.json")
     cfg = json.loads((snapshot / "config.json").read_text())
     tmp = out / "model.onnx.tmp"
-    if (snapshot / "onnx" / "model.onnx").is_file():
+    if onnx_file:
+        # A variant of the repository's graph (optimized, quantized): served
+        # only when it stays within 0.9999 cosine of the fp32 graph.
+        import numpy as np
+
+        variant = snapshot / onnx_file
+        for data in variant.parent.glob(variant.name + "[._]data*"):
+            shutil.copyfile(data, out / data.name)
+        shutil.copyfile(variant, tmp)
+        if (snapshot / "onnx" / "model.onnx").is_file():
+            reference_graph, made = snapshot / "onnx" / "model.onnx", None
+        else:
+            made = out / "reference.onnx.tmp"
+            onnx.save_model(bert_onnx.build_graph(load_file(snapshot / "model.safetensors"), cfg), made)
+            reference_graph = made
+        ours = mean_hidden(tmp, out / "tokenizer.json", CHECK_TEXTS)
+        theirs = mean_hidden(reference_graph, out / "tokenizer.json", CHECK_TEXTS)
+        if made:
+            made.unlink()
+        worst = min(cosine(a, b) for a, b in zip(ours, theirs))
+        print(f"{name}: {onnx_file} vs the fp32 graph on {len(CHECK_TEXTS)} texts: min cosine {worst:.6f}")
+        if worst < 0.9999:
+            tmp.unlink()
+            raise SystemExit(f"{name}: {onnx_file} drifts from the fp32 graph (min cosine {worst:.6f} < 0.9999 on "
+                             f"{len(CHECK_TEXTS)} check texts); not serving it: serve the fp32 graph (no onnx_file)")
+        checks = {"variant": onnx_file, "min_cosine_vs_fp32": worst}
+    elif (snapshot / "onnx" / "model.onnx").is_file():
         for data in (snapshot / "onnx").glob("model.onnx[._]data*"):
             shutil.copyfile(data, out / data.name)
         shutil.copyfile(snapshot / "onnx" / "model.onnx", tmp)
@@ -947,13 +992,14 @@ def main():
     parser.add_argument("--fp16-weights", action="store_true", help="with --ncnn-from: store weights as fp16 (arithmetic stays fp32)")
     parser.add_argument("--hf-snapshot", metavar="DIR", help="a Hub repository's snapshot (eeane pull hf:...) to an ONNX model, with --name and --source")
     parser.add_argument("--source", help="with --hf-snapshot: hf:ORG/NAME@COMMIT, recorded in the manifest")
+    parser.add_argument("--onnx-file", help="with --hf-snapshot: the repository's ONNX variant to serve, checked against its fp32 graph")
     parser.add_argument("--settings", help="with --hf-snapshot: what eeane read from the repository (JSON), recorded in the manifest")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     if args.hf_snapshot:
         if not args.name or not args.source:
             parser.error("--hf-snapshot needs --name and --source")
-        onnx_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source, json.loads(args.settings) if args.settings else None)
+        onnx_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source, json.loads(args.settings) if args.settings else None, args.onnx_file)
         return
     if args.ncnn_from:
         if not args.name:

@@ -144,7 +144,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Command::Pull { name: Some(name), download_only, .. } if name.starts_with("hf:") => {
-            return match eeane::pull::hf::pull(name, &cache(), *download_only, &eeane::pull::hf::bars()) {
+            return match eeane::pull::hf::pull(name, &cache(), *download_only, None, &eeane::pull::hf::bars()) {
                 Ok(entry) => {
                     println!("# Serve it with this entry in eeane.toml ({{cache}} is {}):\n{entry}", cache().display());
                     ExitCode::SUCCESS
@@ -262,7 +262,7 @@ fn pull_sources(config: &Config) -> ExitCode {
     let mut failed = 0;
     for m in config.models.iter().filter(|m| m.policy(&config.server) != eeane::config::LoadPolicy::Disabled) {
         let Some(source) = &m.source else { continue };
-        match eeane::pull::hf::ensure_prepared(source, &config.cache_dir(), config.server.hub_downloads) {
+        match eeane::pull::hf::ensure_prepared(source, &config.cache_dir(), config.server.hub_downloads, m.onnx_file.as_deref()) {
             Ok(()) => eprintln!("{}: {source} ready in {}", m.id, m.model.path().display()),
             Err(e) => {
                 eprintln!("eeane pull: {}: {e}", m.id);

@@ -114,6 +114,16 @@ fn pull_with(flags: &[&str], home: &Path, endpoint: &str, source: &str, env: &[(
     Pulled { ok: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::from_utf8_lossy(&out.stderr).into() }
 }
 
+/// tests/hub/reference.py on a snapshot: vectors for {"texts", "max_tokens"}, logits for {"query", "documents"}.
+fn reference(snapshot: &Path, request: &Value) -> Value {
+    use std::io::Write;
+    let mut child = Command::new(python()).arg(script("reference.py")).arg(snapshot).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "reference.py failed on {}", snapshot.display());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn repo_dir(home: &Path, repo: &str) -> PathBuf {
     home.join("hub").join(format!("models--{}", repo.replace('/', "--")))
 }
@@ -330,10 +340,7 @@ fn offline_a_model_huggingface_hub_fetched_is_used_as_it_is() {
     let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": "offline", "input": texts}));
     assert_eq!(status, 200, "{response}");
     let served = common::vectors(&response);
-    let mut child = Command::new(python()).arg(script("reference.py")).arg(&snapshot).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(serde_json::json!({"texts": texts, "max_tokens": 256}).to_string().as_bytes()).unwrap();
-    let reference: Value = serde_json::from_slice(&child.wait_with_output().unwrap().stdout).unwrap();
+    let reference = reference(Path::new(&snapshot), &serde_json::json!({"texts": texts, "max_tokens": 256}));
     let worst = served.iter().zip(reference["vectors"].as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min);
     println!("served offline from huggingface_hub's cache: min cosine to the reference {worst:.8}");
     assert!(worst >= 0.9999, "{worst}");
@@ -371,13 +378,7 @@ fn pulled_models_serve_what_the_repository_declares() {
         assert_eq!(status, 200, "{model}: {response}");
         let served = common::vectors(&response);
         let snapshot = the_snapshot(home.path(), repo);
-        let request = serde_json::json!({"texts": texts, "max_tokens": 256}).to_string();
-        let mut child = Command::new(python()).arg(script("reference.py")).arg(&snapshot).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(request.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "reference for {repo} failed");
-        let reference: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let reference = reference(&snapshot, &serde_json::json!({"texts": texts, "max_tokens": 256}));
         let mut worst = 1.0f64;
         for (v, r) in served.iter().zip(reference["vectors"].as_array().unwrap()) {
             let r = common::f64s(r);
@@ -528,10 +529,7 @@ fn a_cross_encoder_is_served_on_rerank() {
         let query = row["query"].as_str().unwrap();
         let mut documents = vec![row["relevant"].as_str().unwrap().to_string()];
         documents.extend(row["irrelevant"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_string()));
-        let mut child = Command::new(python()).arg(script("reference.py")).arg(the_snapshot(home.path(), repo)).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(serde_json::json!({"query": query, "documents": documents}).to_string().as_bytes()).unwrap();
-        let reference: Value = serde_json::from_slice(&child.wait_with_output().unwrap().stdout).unwrap();
+        let reference = reference(&the_snapshot(home.path(), repo), &serde_json::json!({"query": query, "documents": documents}));
         let logits: Vec<f64> = common::f64s(&reference["logits"]);
         for raw in [false, true] {
             let (status, response) = server.post("/v1/rerank", &serde_json::json!({"model": "ce", "query": query, "documents": documents, "raw_scores": raw}));
@@ -550,4 +548,34 @@ fn a_cross_encoder_is_served_on_rerank() {
     }
     println!("cross-encoder: max |score - reference| {:.2e} (sigmoid), {:.2e} (raw logits); relevant ranked first on {first_right} of 8 queries", worst.0, worst.1);
     assert!(worst.0 <= 1e-4 && worst.1 <= 1e-4, "{worst:?}");
+}
+
+/// onnx_file picks one of the repository's ONNX variants; it is served only
+/// when its cosine to the fp32 graph is at least 0.9999.
+#[test]
+fn an_onnx_variant_is_served_only_within_0_9999_of_fp32() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let repo = "eeane-test/minilm-onnx-variants";
+    for dir in ["hf--eeane-test--minilm-onnx-variants--model_O2", "hf--eeane-test--minilm-onnx-variants--model_quantized"] {
+        let _ = std::fs::remove_dir_all(common::cache_dir().join("models").join(dir));
+    }
+    let config = format!(
+        "[[models]]\nid = \"optimized\"\nsource = \"hf:{repo}\"\nonnx_file = \"onnx/model_O2.onnx\"\n\n\
+         [[models]]\nid = \"int8\"\nsource = \"hf:{repo}\"\nonnx_file = \"onnx/model_quantized.onnx\"\n"
+    );
+    let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
+    let texts = common::fixture_texts();
+    let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": "optimized", "input": texts}));
+    assert_eq!(status, 200, "{response}");
+    let manifest: Value = serde_json::from_slice(&std::fs::read(common::cache_dir().join("models/hf--eeane-test--minilm-onnx-variants--model_O2/manifest.json")).unwrap()).unwrap();
+    let measured = manifest["checks"]["min_cosine_vs_fp32"].as_f64().unwrap();
+    assert!(measured >= 0.9999, "{manifest}");
+    let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": "int8", "input": "x"}));
+    assert_eq!(status, 503, "{response}");
+    let message = response["error"]["message"].as_str().unwrap();
+    assert!(message.contains("drifts from the fp32 graph (min cosine 0.99") && message.contains("< 0.9999"), "{message}");
+    assert!(server.stderr().contains("drifts from the fp32 graph (min cosine 0.99"), "{}", server.stderr());
+    println!("optimized variant: min cosine {measured:.8} to fp32, served; int8 variant refused: {}", server.stderr().lines().find(|l| l.contains("drifts")).unwrap_or(""));
+    assert!(!common::cache_dir().join("models/hf--eeane-test--minilm-onnx-variants--model_quantized/model.onnx").exists(), "the refused variant was kept");
 }

@@ -19,8 +19,11 @@ use super::st::StModel;
 /// ONNX (`onnx/model.onnx` and its external data) when it ships one, else the
 /// safetensors (sharded or not). Other formats (PyTorch .bin, TensorFlow,
 /// Flax, OpenVINO, other ONNX variants), READMEs and images are left.
-pub fn select_files(listing: &[&str]) -> Vec<String> {
+/// With `onnx_file` (a variant such as onnx/model_O4.onnx), that file and its
+/// external data too, beside the fp32 weights it is checked against.
+pub fn select_files(listing: &[&str], onnx_file: Option<&str>) -> Vec<String> {
     let onnx = listing.contains(&"onnx/model.onnx");
+    let variant = |f: &str| onnx_file.is_some_and(|v| f == v || f.strip_prefix(v).is_some_and(|rest| rest == "_data" || rest == ".data"));
     let config_or_tokenizer = |f: &str| {
         let name = f.rsplit('/').next().unwrap_or(f);
         (name.ends_with(".json") && !f.starts_with("onnx/") && !f.starts_with("openvino/"))
@@ -34,7 +37,7 @@ pub fn select_files(listing: &[&str]) -> Vec<String> {
             f.ends_with(".safetensors") && f.split('/').count() <= 2 && !f.starts_with("onnx/")
         }
     };
-    listing.iter().filter(|f| config_or_tokenizer(f) || weights(f)).map(|f| f.to_string()).collect()
+    listing.iter().filter(|f| config_or_tokenizer(f) || weights(f) || variant(f)).map(|f| f.to_string()).collect()
 }
 
 /// A progress bar per file on the terminal (stderr).
@@ -72,8 +75,9 @@ pub struct Resolved {
     pub model: StModel,
 }
 
-fn dir_name(repo: &RepoRef) -> String {
-    format!("hf--{}", repo.repo.replace('/', "--"))
+fn dir_name(repo: &RepoRef, onnx_file: Option<&str>) -> String {
+    let variant = onnx_file.map(|f| format!("--{}", f.trim_start_matches("onnx/").trim_end_matches(".onnx").replace('/', "-"))).unwrap_or_default();
+    format!("hf--{}{variant}", repo.repo.replace('/', "--"))
 }
 
 /// Runs `work` on a thread of its own: the Hub client drives its own
@@ -90,7 +94,7 @@ fn fetch_configs(hub: &Hub, repo: &RepoRef, progress: &dyn Progress) -> Result<(
         repo,
         |all: &[&str]| {
             *listing.borrow_mut() = all.iter().map(|f| f.to_string()).collect();
-            select_files(all).into_iter().filter(|f| f.ends_with(".json")).collect()
+            select_files(all, None).into_iter().filter(|f| f.ends_with(".json")).collect()
         },
         progress,
     ))?;
@@ -101,7 +105,7 @@ fn fetch_configs(hub: &Hub, repo: &RepoRef, progress: &dyn Progress) -> Result<(
 /// Reads `source` as sentence-transformers would, from the HF cache when it
 /// has the revision's configs, else (with `downloads`) from the Hub's config
 /// files alone; the weights are left for `ensure_prepared`.
-pub fn resolve(source: &str, cache: &Path, downloads: bool) -> Result<Resolved, String> {
+pub fn resolve(source: &str, cache: &Path, downloads: bool, onnx_file: Option<&str>) -> Result<Resolved, String> {
     let repo = RepoRef::parse(source)?;
     let mut hub = Hub::from_env()?;
     hub.offline |= !downloads;
@@ -124,14 +128,14 @@ pub fn resolve(source: &str, cache: &Path, downloads: bool) -> Result<Resolved, 
         }
     };
     let model = StModel::read(&dir, &repo.repo, ships_onnx)?;
-    Ok(Resolved { dir_name: dir_name(&repo), commit, model })
+    Ok(Resolved { dir_name: dir_name(&repo, onnx_file), commit, model })
 }
 
 /// Makes `{cache}/models/hf--ORG--NAME` hold `source`'s prepared model at the
 /// commit it resolves to, fetching and preparing it when it does not (with
 /// `downloads`); progress goes to the log.
-pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool) -> Result<(), String> {
-    let resolved = resolve(source, cache, downloads)?;
+pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool, onnx_file: Option<&str>) -> Result<(), String> {
+    let resolved = resolve(source, cache, downloads, onnx_file)?;
     let repo = RepoRef::parse(source)?;
     let pinned = format!("hf:{}@{}", repo.repo, resolved.commit);
     let out = cache.join("models").join(&resolved.dir_name);
@@ -144,7 +148,8 @@ pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool) -> Result<()
     }
     tracing::info!(%source, commit = %resolved.commit, "fetching and preparing a Hub model");
     let (source, cache) = (format!("hf:{}@{}", repo.repo, resolved.commit), cache.to_path_buf());
-    off_runtime(move || pull(&source, &cache, false, &LogProgress::default()).map(drop))
+    let onnx_file = onnx_file.map(str::to_string);
+    off_runtime(move || pull(&source, &cache, false, onnx_file.as_deref(), &LogProgress::default()).map(drop))
 }
 
 /// Downloads `source`'s files into the HF cache, reads them as
@@ -152,14 +157,17 @@ pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool) -> Result<()
 /// `{cache}/models/hf--ORG--NAME` (models/prepare.py, checked against the
 /// numpy reference) and returns the `[[models]]` entry that serves it; with
 /// `download_only`, where the files are.
-pub fn pull(source: &str, cache: &Path, download_only: bool, progress: &dyn Progress) -> Result<String, String> {
+pub fn pull(source: &str, cache: &Path, download_only: bool, onnx_file: Option<&str>, progress: &dyn Progress) -> Result<String, String> {
     let repo = RepoRef::parse(source)?;
     let hub = Hub::from_env()?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     // The configs first: an architecture eeane cannot serve is refused before the weights come.
     let (configs, ships_onnx) = fetch_configs(&hub, &repo, progress)?;
     let model = StModel::read(&configs.dir, &repo.repo, ships_onnx)?;
-    let snapshot = runtime.block_on(hub.snapshot(&repo, select_files, progress))?;
+    let snapshot = runtime.block_on(hub.snapshot(&repo, |listing| select_files(listing, onnx_file), progress))?;
+    if let Some(file) = onnx_file.filter(|f| !snapshot.dir.join(f).is_file()) {
+        return Err(format!("{} has no {file} at {}", repo.repo, snapshot.commit));
+    }
     eprintln!(
         "{}@{}: commit {}, {:.1} MiB downloaded, in {}",
         repo.repo,
@@ -171,13 +179,14 @@ pub fn pull(source: &str, cache: &Path, download_only: bool, progress: &dyn Prog
     if download_only {
         return Ok(format!("# {} at commit {}\n# files: {}\n", repo.repo, snapshot.commit, snapshot.dir.display()));
     }
-    let dir_name = dir_name(&repo);
+    let dir_name = dir_name(&repo, onnx_file);
     let pinned = format!("hf:{}@{}", repo.repo, snapshot.commit);
     let settings = model.settings().to_string();
-    super::run_prepare(
-        cache,
-        &["--hf-snapshot".into(), snapshot.dir.display().to_string(), "--name".into(), dir_name.clone(), "--source".into(), pinned, "--settings".into(), settings],
-    )?;
+    let mut args = vec!["--hf-snapshot".into(), snapshot.dir.display().to_string(), "--name".into(), dir_name.clone(), "--source".into(), pinned, "--settings".into(), settings];
+    if let Some(file) = onnx_file {
+        args.extend(["--onnx-file".to_string(), file.to_string()]);
+    }
+    super::run_prepare(cache, &args)?;
     Ok(model.entry(&repo.repo, &snapshot.commit, &dir_name))
 }
 
@@ -226,7 +235,7 @@ mod tests {
             "tokenizer.json", "tokenizer_config.json", "vocab.txt", "tf_model.h5", "openvino/openvino_model.xml",
             "onnx/model_O4.onnx", "2_Dense/config.json", "2_Dense/model.safetensors",
         ];
-        let chosen = select_files(&st);
+        let chosen = select_files(&st, None);
         for f in ["1_Pooling/config.json", "config.json", "model.safetensors", "modules.json", "tokenizer.json", "vocab.txt", "2_Dense/model.safetensors"] {
             assert!(chosen.contains(&f.to_string()), "{f} not chosen: {chosen:?}");
         }
@@ -234,6 +243,10 @@ mod tests {
             assert!(!chosen.contains(&f.to_string()), "{f} chosen");
         }
         let with_onnx = ["config.json", "model.safetensors", "onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_quantized.onnx", "tokenizer.json"];
-        assert_eq!(select_files(&with_onnx), ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "tokenizer.json"]);
+        assert_eq!(select_files(&with_onnx, None), ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "tokenizer.json"]);
+        assert_eq!(
+            select_files(&with_onnx, Some("onnx/model_quantized.onnx")),
+            ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_quantized.onnx", "tokenizer.json"]
+        );
     }
 }

@@ -91,18 +91,23 @@ pub fn run_prepare(cache: &Path, args: &[String]) -> Result<(), String> {
     if !setup.success() {
         return Err(format!("models/setup.sh failed ({setup}); the messages above say why"));
     }
-    let status = Command::new(cache.join("venv/bin/python"))
+    let out = Command::new(cache.join("venv/bin/python"))
         .arg(scripts.join("prepare.py"))
         .arg("--cache")
         .arg(cache)
         .args(args)
         .stdout(stderr())
-        .status()
+        .stderr(std::process::Stdio::piped())
+        .output()
         .map_err(|e| format!("cannot run models/prepare.py: {e}"))?;
-    if status.success() {
+    let said = String::from_utf8_lossy(&out.stderr);
+    eprint!("{said}");
+    if out.status.success() {
         Ok(())
     } else {
-        Err(format!("models/prepare.py failed ({status}); the messages above say why"))
+        // Its refusal is its last line (a SystemExit message or the exception).
+        let why = said.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+        Err(format!("models/prepare.py failed ({}): {why}", out.status))
     }
 }
 

