@@ -164,6 +164,9 @@ struct Table {
     open: Mutex<BTreeMap<u64, Arc<Connection>>>,
     /// Wakes the accept loop when it waits for closing connections to go.
     removed: Notify,
+    /// Connections evicted whose task has not ended yet (kept as a count:
+    /// the accept path must not walk the table to learn it).
+    closing: AtomicUsize,
 }
 
 impl Table {
@@ -181,10 +184,10 @@ impl Table {
     /// has a request at work, refuse the new one.
     fn admit(&self, id: u64, cap: usize) -> Option<Arc<Connection>> {
         let mut open = self.open.lock().expect("connection table");
-        let closing = open.values().filter(|c| c.evicted.load(Ordering::Relaxed)).count();
-        if open.len() - closing >= cap {
+        if open.len().saturating_sub(self.closing.load(Ordering::Relaxed)) >= cap {
             let victim = eviction_candidate(open.values())?;
             victim.evicted.store(true, Ordering::Relaxed);
+            self.closing.fetch_add(1, Ordering::Relaxed);
             victim.evict.notify_one();
         }
         let now = self.now();
@@ -208,7 +211,9 @@ impl Table {
 
     fn remove(&self, id: u64) {
         let mut open = self.open.lock().expect("connection table");
-        open.remove(&id);
+        if open.remove(&id).is_some_and(|c| c.evicted.load(Ordering::Relaxed)) {
+            self.closing.fetch_sub(1, Ordering::Relaxed);
+        }
         metrics::gauge!("eeane_http_connections_open").set(open.len() as f64);
         self.removed.notify_one();
     }
@@ -381,7 +386,7 @@ pub async fn bind(address: &str) -> io::Result<TcpListener> {
 /// open connections finish (idle ones close at once). `limits` is read for
 /// every new connection, so a config reload applies to the next ones.
 pub async fn serve(listener: TcpListener, router: Router, limits: impl Fn() -> ConnectionLimits, shutdown: impl Future<Output = ()>) {
-    let table = Arc::new(Table { epoch: Instant::now(), open: Mutex::new(BTreeMap::new()), removed: Notify::new() });
+    let table = Arc::new(Table { epoch: Instant::now(), open: Mutex::new(BTreeMap::new()), removed: Notify::new(), closing: AtomicUsize::new(0) });
     let graceful = GracefulShutdown::new();
     let mut shutdown = pin!(shutdown);
     let mut next_id = 0u64;
@@ -546,7 +551,7 @@ mod tests {
     }
 
     fn table() -> Table {
-        Table { epoch: Instant::now(), open: Mutex::new(BTreeMap::new()), removed: Notify::new() }
+        Table { epoch: Instant::now(), open: Mutex::new(BTreeMap::new()), removed: Notify::new(), closing: AtomicUsize::new(0) }
     }
 
     #[tokio::test]
