@@ -553,7 +553,6 @@ impl Config {
     /// when downloads are allowed). A source that cannot be read leaves its
     /// model failing with the reason; the others are untouched.
     fn read_sources(&mut self, written: &[serde_json::Value]) {
-        let cache = self.cache_dir();
         let downloads = self.server.hub_downloads;
         for (i, m) in self.models.iter_mut().enumerate() {
             let Some(source) = m.source.clone() else { continue };
@@ -561,7 +560,7 @@ impl Config {
             if !set("engine") {
                 m.engine = "onnxruntime".into();
             }
-            match crate::pull::hf::resolve(&source, &cache, downloads, m.onnx_file.as_deref()) {
+            match crate::pull::hf::resolve(&source, downloads, m.onnx_file.as_deref()) {
                 Ok(resolved) => {
                     let mut take = |key: &str, value: String, from: &str| {
                         if !set(key) {

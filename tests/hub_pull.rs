@@ -124,6 +124,11 @@ fn reference(snapshot: &Path, request: &Value) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Removes the prepared model `{cache}/models/NAME`, so that the test prepares it.
+fn unprepared(name: &str) {
+    let _ = std::fs::remove_dir_all(common::cache_dir().join("models").join(name));
+}
+
 fn repo_dir(home: &Path, repo: &str) -> PathBuf {
     home.join("hub").join(format!("models--{}", repo.replace('/', "--")))
 }
@@ -317,7 +322,7 @@ fn an_interrupted_download_resumes_and_a_corrupt_one_is_refused() {
 fn offline_a_model_huggingface_hub_fetched_is_used_as_it_is() {
     let home = tempfile::tempdir().unwrap();
     let repo = "eeane-test/minilm-offline";
-    let _ = std::fs::remove_dir_all(common::cache_dir().join("models/hf--eeane-test--minilm-offline"));
+    unprepared("hf--eeane-test--minilm-offline");
     let snapshot = {
         let hub = LookAlike::start();
         let code = format!("from huggingface_hub import snapshot_download\nprint(snapshot_download({repo:?}))");
@@ -401,7 +406,7 @@ fn source_entries_are_read_fetched_at_first_load_and_overridable() {
     let hub = LookAlike::start();
     let home = tempfile::tempdir().unwrap();
     let first = "eeane-test/minilm-at-first-load";
-    let _ = std::fs::remove_dir_all(common::cache_dir().join("models/hf--eeane-test--minilm-at-first-load"));
+    unprepared("hf--eeane-test--minilm-at-first-load");
     let config = format!(
         "[[models]]\nid = \"first\"\nsource = \"hf:{first}\"\n\n\
          [[models]]\nid = \"mean-as-cls\"\nsource = \"hf:{MINILM}\"\npooling = \"cls\"\n\n\
@@ -516,7 +521,7 @@ fn a_cross_encoder_is_served_on_rerank() {
     let hub = LookAlike::start();
     let home = tempfile::tempdir().unwrap();
     let repo = "eeane-test/minilm-cross-encoder";
-    let _ = std::fs::remove_dir_all(common::cache_dir().join("models/hf--eeane-test--minilm-cross-encoder"));
+    unprepared("hf--eeane-test--minilm-cross-encoder");
     let config = format!("[[models]]\nid = \"ce\"\nsource = \"hf:{repo}\"\nload_policy = \"resident\"\n");
     let env = [("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())];
     let server = common::Server::start(Some(&config), &env);
@@ -558,7 +563,7 @@ fn an_onnx_variant_is_served_only_within_0_9999_of_fp32() {
     let home = tempfile::tempdir().unwrap();
     let repo = "eeane-test/minilm-onnx-variants";
     for dir in ["hf--eeane-test--minilm-onnx-variants--model_O2", "hf--eeane-test--minilm-onnx-variants--model_quantized"] {
-        let _ = std::fs::remove_dir_all(common::cache_dir().join("models").join(dir));
+        unprepared(dir);
     }
     let config = format!(
         "[[models]]\nid = \"optimized\"\nsource = \"hf:{repo}\"\nonnx_file = \"onnx/model_O2.onnx\"\n\n\

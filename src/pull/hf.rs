@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
 /// The CLI's progress: a bar per file.
 pub fn bars() -> impl Progress {
@@ -45,11 +45,7 @@ struct Bars(std::cell::RefCell<Option<ProgressBar>>);
 
 impl Progress for Bars {
     fn start(&self, file: &str, done: u64, total: u64) {
-        let bar = ProgressBar::new(total);
-        bar.set_style(
-            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").expect("template parses").progress_chars("=> "),
-        );
-        bar.set_message(file.to_string());
+        let bar = super::download::progress_bar(file, total);
         bar.set_position(done);
         *self.0.borrow_mut() = Some(bar);
     }
@@ -105,7 +101,7 @@ fn fetch_configs(hub: &Hub, repo: &RepoRef, progress: &dyn Progress) -> Result<(
 /// Reads `source` as sentence-transformers would, from the HF cache when it
 /// has the revision's configs, else (with `downloads`) from the Hub's config
 /// files alone; the weights are left for `ensure_prepared`.
-pub fn resolve(source: &str, cache: &Path, downloads: bool, onnx_file: Option<&str>) -> Result<Resolved, String> {
+pub fn resolve(source: &str, downloads: bool, onnx_file: Option<&str>) -> Result<Resolved, String> {
     let repo = RepoRef::parse(source)?;
     let mut hub = Hub::from_env()?;
     hub.offline |= !downloads;
@@ -121,7 +117,6 @@ pub fn resolve(source: &str, cache: &Path, downloads: bool, onnx_file: Option<&s
             return Err(format!("{}@{} is not in the HF cache ({}) and {why}; run `eeane pull {source}` where the Hub is reachable", repo.repo, repo.revision, hub.cache.display()));
         }
         None => {
-            let _ = cache;
             let (hub, repo) = (hub, repo.clone());
             let (snapshot, onnx) = off_runtime(move || fetch_configs(&hub, &repo, &Quiet))?;
             (snapshot.dir, snapshot.commit, onnx)
@@ -135,7 +130,7 @@ pub fn resolve(source: &str, cache: &Path, downloads: bool, onnx_file: Option<&s
 /// commit it resolves to, fetching and preparing it when it does not (with
 /// `downloads`); progress goes to the log.
 pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool, onnx_file: Option<&str>) -> Result<(), String> {
-    let resolved = resolve(source, cache, downloads, onnx_file)?;
+    let resolved = resolve(source, downloads, onnx_file)?;
     let repo = RepoRef::parse(source)?;
     let pinned = format!("hf:{}@{}", repo.repo, resolved.commit);
     let out = cache.join("models").join(&resolved.dir_name);
