@@ -28,19 +28,68 @@ def _prefix(weights):
     return ""
 
 
-def roberta_positions(weights, cfg):
-    """RoBERTa (unixcoder-base, among others) numbers positions from
-    pad_token_id + 1, not 0: drop those first rows of the position table, so
-    that position i reads row i + pad + 1 and a graph counting from 0 is right."""
-    if cfg.get("model_type") != "roberta":
-        return weights
+ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "distilbert")
+
+DISTILBERT_LAYER_NAMES = {
+    "attention.q_lin": "attention.self.query",
+    "attention.k_lin": "attention.self.key",
+    "attention.v_lin": "attention.self.value",
+    "attention.out_lin": "attention.output.dense",
+    "sa_layer_norm": "attention.output.LayerNorm",
+    "ffn.lin1": "intermediate.dense",
+    "ffn.lin2": "output.dense",
+    "output_layer_norm": "output.LayerNorm",
+}
+
+
+def as_bert(weights, cfg):
+    """A RoBERTa, XLM-RoBERTa or DistilBERT checkpoint as the BERT encoder it
+    computes, so that one graph builder and one numpy network serve all four:
+    - (XLM-)RoBERTa numbers positions from pad_token_id + 1, not 0: drop those
+      first rows of the position table, so that a graph counting from 0 reads
+      row i + pad + 1; its classification head (classifier.dense, tanh,
+      classifier.out_proj) is BERT's pooler and classifier under other names.
+    - DistilBERT has no token types (a zero row stands in), other layer
+      names, and a head of pre_classifier, ReLU, classifier.
+    Returns (weights, cfg) with BERT's names and a "pooler_activation"."""
+    kind = cfg.get("model_type", "bert")
+    if kind not in ARCHITECTURES:
+        raise SystemExit(f"model_type {kind!r}: graphs are built for {', '.join(ARCHITECTURES)}")
+    if kind == "bert":
+        return weights, {**cfg, "pooler_activation": "tanh"}
+    base = {"roberta": "roberta.", "xlm-roberta": "roberta.", "distilbert": "distilbert."}[kind]
+    w = {(k[len(base):] if k.startswith(base) else k): v for k, v in weights.items()}
+    if kind == "distilbert":
+        renamed = {}
+        for k, v in w.items():
+            if k.startswith("transformer.layer."):
+                _, _, i, rest = k.split(".", 3)
+                stem, suffix = rest.rsplit(".", 1)
+                k = f"encoder.layer.{i}.{DISTILBERT_LAYER_NAMES[stem]}.{suffix}"
+            elif k.startswith("pre_classifier."):
+                k = "pooler.dense." + k.split(".", 1)[1]
+            renamed[k] = v
+        hidden = int(cfg["dim"])
+        renamed["embeddings.token_type_embeddings.weight"] = np.zeros((1, hidden), np.float32)
+        bert_cfg = {"hidden_size": hidden, "type_vocab_size": 1, "num_attention_heads": cfg["n_heads"], "num_hidden_layers": cfg["n_layers"],
+                    "intermediate_size": cfg["hidden_dim"], "hidden_act": cfg.get("activation", "gelu"), "layer_norm_eps": 1e-12,
+                    "max_position_embeddings": cfg.get("max_position_embeddings", 512), "model_type": "bert",
+                    "architectures": cfg.get("architectures", []), "pooler_activation": "relu"}
+        return renamed, bert_cfg
     offset = int(cfg.get("pad_token_id", 1)) + 1
-    name = _prefix(weights) + "embeddings.position_embeddings.weight"
-    return {**weights, name: weights[name][offset:]}
+    w["embeddings.position_embeddings.weight"] = w["embeddings.position_embeddings.weight"][offset:]
+    for theirs, ours in (("classifier.dense.", "pooler.dense."), ("classifier.out_proj.", "classifier.")):
+        for k in [k for k in w if k.startswith(theirs)]:
+            w[ours + k[len(theirs):]] = w.pop(k)
+    return w, {**cfg, "model_type": "bert", "max_position_embeddings": int(cfg["max_position_embeddings"]) - offset,
+               "pooler_activation": "tanh"}
 
 
 def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False, cls_head=None, sequence_classifier=False):
     p = _prefix(weights)
+    # One token type (XLM-R, DistilBERT): the graph takes none, as the model
+    # ignores them; BERT-style tokenizers still number a pair's second text 1.
+    token_types = token_types and weights[p + "embeddings.token_type_embeddings.weight"].shape[0] > 1
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
     head_dim = hidden // heads
@@ -135,7 +184,8 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
         # transformers' BertForSequenceClassification: the [CLS] state through
         # the pooler (dense, tanh), then the classifier: logits [B, labels].
         cls_state = node("Gather", [x, const("zero_index", np.array(0, np.int64))], axis=1)
-        pooled_state = node("Tanh", [linear(cls_state, "pooler.dense")])
+        activation = {"tanh": "Tanh", "relu": "Relu"}[cfg.get("pooler_activation", "tanh")]
+        pooled_state = node(activation, [linear(cls_state, "pooler.dense")])
         classifier_w = np.asarray(weights["classifier.weight"], np.float32)
         logit = node("MatMul", [pooled_state, const("classifier_w", classifier_w.T.copy())])
         nodes.append(helper.make_node("Add", [logit, const("classifier_b", np.asarray(weights["classifier.bias"], np.float32))], ["logits"]))
@@ -169,10 +219,12 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
 
 def numpy_sequence_logits(weights, cfg, ids, type_ids=None):
     """float64 BertForSequenceClassification logits of one pair's ids: the
-    [CLS] state through the pooler (dense, tanh) and the classifier."""
+    [CLS] state through the pooler (dense, then tanh, or ReLU for DistilBERT)
+    and the classifier."""
     p = _prefix(weights)
     cls_state = numpy_forward(weights, cfg, ids, type_ids)[0]
-    pooled = np.tanh(cls_state @ weights[p + "pooler.dense.weight"].astype(np.float64).T + weights[p + "pooler.dense.bias"])
+    pooled = cls_state @ weights[p + "pooler.dense.weight"].astype(np.float64).T + weights[p + "pooler.dense.bias"]
+    pooled = np.maximum(pooled, 0) if cfg.get("pooler_activation") == "relu" else np.tanh(pooled)
     return pooled @ weights["classifier.weight"].astype(np.float64).T + weights["classifier.bias"]
 
 
@@ -185,7 +237,8 @@ def numpy_forward(weights, cfg, ids, type_ids=None):
     eps = float(cfg.get("layer_norm_eps", 1e-12))
     heads = cfg["num_attention_heads"]
     ids = np.asarray(ids)
-    type_ids = np.zeros_like(ids) if type_ids is None else np.asarray(type_ids)
+    one_type = weights[p + "embeddings.token_type_embeddings.weight"].shape[0] == 1
+    type_ids = np.zeros_like(ids) if type_ids is None or one_type else np.asarray(type_ids)
 
     def ln(x, prefix):
         mu = x.mean(-1, keepdims=True)

@@ -187,7 +187,8 @@ def check_bert_onnx(onnx_path, weights, cfg, tokenizer_path):
         ids[i, : len(e.ids)] = e.ids
         mask[i, : len(e.ids)] = 1
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    hidden = sess.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[0]
+    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    hidden = sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})[0]
     cosines, max_abs = [], 0.0
     for i, e in enumerate(encs):
         n = len(e.ids)
@@ -662,7 +663,7 @@ NCNN_RECIPE = "packed-mask-sdpa"
 
 
 def convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, fp16_weights, source):
-    """A BERT or RoBERTa encoder (safetensors weights, its config.json and
+    """A BERT, RoBERTa, XLM-RoBERTa or DistilBERT encoder (safetensors weights, its config.json and
     tokenizer.json) to ncnn in `out`: the graph made ncnn-friendly (position
     ids as an input, a float [S, S] mask for packing, no token types; pooling
     stays in eeane), converted by pnnx, attention fused into SDPA, and checked
@@ -678,7 +679,7 @@ def convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, fp16_weight
     import bert_onnx
 
     name = out.name
-    weights = bert_onnx.roberta_positions(weights, cfg)
+    weights, cfg = bert_onnx.as_bert(weights, cfg)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
@@ -738,17 +739,18 @@ def prepare_minilm_ncnn(cache, name, fp16_weights):
 
 
 def ncnn_from_hf(cache, directory, name, fp16_weights):
-    """Any BERT or RoBERTa checkpoint in a local directory (config.json,
+    """Any BERT, RoBERTa, XLM-RoBERTa or DistilBERT checkpoint in a local directory (config.json,
     model.safetensors, tokenizer.json: what `huggingface-cli download` and
     `AutoTokenizer(...).save_pretrained` leave) to `{cache}/models/NAME`."""
     from safetensors.numpy import load_file
 
     directory = Path(directory)
+    import bert_onnx
+
     cfg = json.loads((directory / "config.json").read_text())
-    if cfg.get("model_type") not in ("bert", "roberta"):
-        raise SystemExit(f"{directory}: model_type {cfg.get('model_type')!r}; only bert and roberta encoders convert")
-    max_tokens = int(cfg["max_position_embeddings"]) - (int(cfg.get("pad_token_id", 1)) + 1 if cfg["model_type"] == "roberta" else 0)
-    convert_to_ncnn(cache, cache / "models" / name, load_file(directory / "model.safetensors"), cfg, directory / "tokenizer.json",
+    weights, bert_cfg = bert_onnx.as_bert(load_file(directory / "model.safetensors"), cfg)
+    max_tokens = int(bert_cfg["max_position_embeddings"])
+    convert_to_ncnn(cache, cache / "models" / name, weights, bert_cfg, directory / "tokenizer.json",
                     min(max_tokens, 512), fp16_weights, {"converted_from": str(directory)})
     print(f"{name}: serve it with engine = \"ncnn\", model = \"{{cache}}/models/{name}/model.ncnn.param\", "
           f"tokenizer = \"{{cache}}/models/{name}/tokenizer.json\", max_tokens <= {max_tokens}")
@@ -780,7 +782,8 @@ def check_sequence_classifier(onnx_path, weights, cfg, tokenizer_path):
         feed["input_ids"][i, : len(e.ids)] = e.ids
         feed["attention_mask"][i, : len(e.ids)] = 1
         feed["token_type_ids"][i, : len(e.ids)] = e.type_ids
-    logits = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    logits = session.run(None, {i.name: feed[i.name] for i in session.get_inputs()})[0]
     return max(float(np.abs(logits[i] - bert_onnx.numpy_sequence_logits(weights, cfg, e.ids, e.type_ids)).max()) for i, e in enumerate(encs))
 
 
@@ -806,9 +809,9 @@ def mean_hidden(onnx_path, tokenizer_path, texts):
 def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_file=None):
     """A Hub repository's snapshot (`eeane pull hf:...`) to `{cache}/models/NAME`:
     its own onnx/model.onnx (and external data) when it ships one, checked to
-    run; else the graph built from its safetensors (BERT, RoBERTa, XLM-R) and
-    checked against the float64 numpy network before it is published (BERT
-    so far)."""
+    run; else the graph built from its safetensors (BERT, RoBERTa, XLM-RoBERTa,
+    DistilBERT, and their sequence classifiers) and checked against the
+    float64 numpy network before it is published."""
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -838,7 +841,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
             reference_graph, made = snapshot / "onnx" / "model.onnx", None
         else:
             made = out / "reference.onnx.tmp"
-            onnx.save_model(bert_onnx.build_graph(load_file(snapshot / "model.safetensors"), cfg), made)
+            onnx.save_model(bert_onnx.build_graph(*bert_onnx.as_bert(load_file(snapshot / "model.safetensors"), cfg)), made)
             reference_graph = made
         ours = mean_hidden(tmp, out / "tokenizer.json", CHECK_TEXTS)
         theirs = mean_hidden(reference_graph, out / "tokenizer.json", CHECK_TEXTS)
@@ -863,9 +866,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
         checks = {"repository_onnx": True, "inputs": names, "outputs": outputs}
         print(f"{name}: the repository's ONNX runs (inputs {names}, outputs {outputs})")
     else:
-        if cfg.get("model_type") != "bert":
-            raise SystemExit(f"{name}: model_type {cfg.get('model_type')!r}: only bert is built from safetensors so far")
-        weights = load_file(snapshot / "model.safetensors")
+        weights, cfg = bert_onnx.as_bert(load_file(snapshot / "model.safetensors"), cfg)
         if any(a.endswith("ForSequenceClassification") for a in cfg.get("architectures", [])):
             onnx.save_model(bert_onnx.build_graph(weights, cfg, sequence_classifier=True), tmp)
             worst = check_sequence_classifier(tmp, weights, cfg, out / "tokenizer.json")

@@ -202,6 +202,18 @@ pub enum Pooling {
     MeanSqrtLen,
 }
 
+/// What a cross-encoder's logit goes through to become /rerank's score
+/// (sentence-transformers' CrossEncoder activation_fn; `raw_scores` skips it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreActivation {
+    /// 1 / (1 + e^-x): CrossEncoder's default for one label.
+    #[default]
+    Sigmoid,
+    /// The logit as it is.
+    Identity,
+}
+
 /// How a SentencePiece vocabulary is numbered (ignored for tokenizer.json).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -266,6 +278,21 @@ pub struct BucketConfig {
     pub max_batch: usize,
 }
 
+/// Buckets doubling from 32 tokens up to `max_tokens`, each about 4,096
+/// tokens a batch (between 4 and 64 rows).
+pub fn length_ladder(max_tokens: usize) -> Vec<BucketConfig> {
+    let mut ladder = Vec::new();
+    let mut tokens = 32;
+    loop {
+        let t = tokens.min(max_tokens);
+        ladder.push(BucketConfig { max_tokens: t, max_batch: (4096 / t.max(1)).clamp(4, 64) });
+        if t >= max_tokens {
+            return ladder;
+        }
+        tokens *= 2;
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BatchOrder {
@@ -323,6 +350,9 @@ pub struct ModelConfig {
     /// query's and each document's vectors.
     #[serde(default)]
     pub rerank: bool,
+    /// A reranker's score: its logit through this (default sigmoid).
+    #[serde(default)]
+    pub score_activation: ScoreActivation,
     /// Longest input in tokens, special tokens included; longer inputs are truncated.
     /// Required unless `source` gives it.
     #[serde(default)]
@@ -579,6 +609,11 @@ impl Config {
                     if st.reranker && take("kind", "\"reranker\"".into(), "config.json (a sequence classifier with one label)") {
                         m.kind = ModelKind::Reranker;
                     }
+                    if let Some(activation) = &st.score_activation {
+                        if take("score_activation", format!("{:?}", activation.value), &activation.from) {
+                            m.score_activation = if activation.value == "identity" { ScoreActivation::Identity } else { ScoreActivation::Sigmoid };
+                        }
+                    }
                     if take("pooling", format!("{:?}", st.pooling.value), &st.pooling.from) {
                         m.pooling = match st.pooling.value {
                             "cls" => Pooling::Cls,
@@ -602,6 +637,13 @@ impl Config {
                         if take("default_prompt_name", format!("{:?}", default.value), &default.from) {
                             m.default_prompt_name = Some(default.value.clone());
                         }
+                    }
+                    // OpenVINO compiles one static shape per bucket: without
+                    // buckets every batch would be padded to max_tokens.
+                    if m.engine == "openvino" && !set("buckets") {
+                        m.buckets = length_ladder(m.max_tokens);
+                        let shown: Vec<String> = m.buckets.iter().map(|b| format!("{{ max_tokens = {}, max_batch = {} }}", b.max_tokens, b.max_batch)).collect();
+                        m.inferred.push((format!("buckets = [{}]", shown.join(", ")), "a length ladder, as OpenVINO compiles one shape per bucket".into()));
                     }
                     m.inferred.push((format!("commit = {:?}", resolved.commit), "the Hub (or the HF cache's refs)".into()));
                 }
@@ -769,6 +811,15 @@ mod isolation_tests {
 mod tests {
     use super::*;
     use figment::Jail;
+
+    #[test]
+    fn the_length_ladder_doubles_up_to_max_tokens() {
+        let ladder: Vec<(usize, usize)> = length_ladder(512).iter().map(|b| (b.max_tokens, b.max_batch)).collect();
+        assert_eq!(ladder, [(32, 64), (64, 64), (128, 32), (256, 16), (512, 8)]);
+        let ladder: Vec<usize> = length_ladder(200).iter().map(|b| b.max_tokens).collect();
+        assert_eq!(ladder, [32, 64, 128, 200]);
+        assert_eq!(length_ladder(16).len(), 1);
+    }
 
     #[test]
     fn defaults_serve_the_default_model() {

@@ -357,7 +357,15 @@ fn offline_a_model_huggingface_hub_fetched_is_used_as_it_is() {
 fn pulled_models_serve_what_the_repository_declares() {
     let hub = LookAlike::start();
     let home = tempfile::tempdir().unwrap();
-    let repos = [MINILM, "eeane-test/minilm-cls-raw", "eeane-test/minilm-onnx-only", "eeane-test/minilm-max", "eeane-test/minilm-onnx-external-data"];
+    let repos = [
+        MINILM,
+        "eeane-test/minilm-cls-raw",
+        "eeane-test/minilm-onnx-only",
+        "eeane-test/minilm-max",
+        "eeane-test/minilm-onnx-external-data",
+        "eeane-test/minilm-roberta",
+        "eeane-test/minilm-distilbert",
+    ];
     let mut config = String::from("[server]\nport = 0\n\n");
     for repo in repos {
         let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);
@@ -378,6 +386,7 @@ fn pulled_models_serve_what_the_repository_declares() {
     config += &format!("[[models]]\nid = \"openvino\"\nsource = \"hf:{MINILM}\"\nengine = \"openvino\"\ndevice = \"CPU\"\n");
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let texts = common::fixture_texts();
+    let mut vectors = Vec::new();
     for (model, repo) in repos.iter().map(|r| (*r, *r)).chain([("openvino", MINILM)]) {
         let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": texts}));
         assert_eq!(status, 200, "{model}: {response}");
@@ -394,6 +403,12 @@ fn pulled_models_serve_what_the_repository_declares() {
         }
         println!("{model}: {} texts, min cosine to the reference {worst:.8}", served.len());
         assert!(worst >= 0.9999, "{model}: min cosine {worst}");
+        vectors.push(served);
+    }
+    // MiniLM's weights as a RobertaModel and a DistilBertModel compute MiniLM's own vectors.
+    for (i, repo) in repos.iter().enumerate().skip(5) {
+        let same = vectors[i].iter().zip(&vectors[0]).map(|(a, b)| common::cosine(a, &common::as_f64(b))).fold(1.0f64, f64::min);
+        assert!(same > 0.99999, "{repo}: min cosine to MiniLM {same}");
     }
 }
 
@@ -513,46 +528,97 @@ fn prompts_are_read_applied_and_counted() {
     assert!(response["error"]["message"].as_str().unwrap().contains("passage, query"), "{response}");
 }
 
-/// A BertForSequenceClassification with one label: read as a reranker, its
-/// graph built from safetensors (pooler and classifier included), its /rerank
-/// scores held to the float64 numpy network on the repository's own weights.
+/// A *ForSequenceClassification with one label (BERT's pooler and
+/// classifier, XLM-RoBERTa's classifier.dense and out_proj, DistilBERT's
+/// pre_classifier and ReLU): read as a reranker, its graph built from
+/// safetensors, its /rerank scores held to the float64 numpy reference on
+/// the repository's own weights.
 #[test]
-fn a_cross_encoder_is_served_on_rerank() {
+fn cross_encoders_are_served_on_rerank() {
     let hub = LookAlike::start();
     let home = tempfile::tempdir().unwrap();
-    let repo = "eeane-test/minilm-cross-encoder";
-    unprepared("hf--eeane-test--minilm-cross-encoder");
-    let config = format!("[[models]]\nid = \"ce\"\nsource = \"hf:{repo}\"\nload_policy = \"resident\"\n");
+    let repos = [
+        ("ce", "eeane-test/minilm-cross-encoder"),
+        ("xlmr-ce", "eeane-test/e5-enpt-cross-encoder"),
+        ("distilbert-ce", "eeane-test/minilm-distilbert-cross-encoder"),
+    ];
+    let mut config = String::new();
+    for (id, repo) in repos {
+        unprepared(&format!("hf--{}", repo.replace('/', "--")));
+        config += &format!("[[models]]\nid = \"{id}\"\nsource = \"hf:{repo}\"\nload_policy = \"resident\"\n\n");
+    }
     let env = [("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())];
     let server = common::Server::start(Some(&config), &env);
     let (_, models) = server.get("/v1/models");
-    assert_eq!(models["data"][0]["kind"], "reranker", "{models}");
+    assert!(models["data"].as_array().unwrap().iter().all(|m| m["kind"] == "reranker"), "{models}");
     let rows: Value = serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/models/rerank_pairs.json")).unwrap()).unwrap();
-    let mut worst = (0.0f64, 0.0f64);
-    let mut first_right = 0;
-    for row in rows.as_array().unwrap().iter().take(8) {
-        let query = row["query"].as_str().unwrap();
-        let mut documents = vec![row["relevant"].as_str().unwrap().to_string()];
-        documents.extend(row["irrelevant"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_string()));
-        let reference = reference(&the_snapshot(home.path(), repo), &serde_json::json!({"query": query, "documents": documents}));
-        let logits: Vec<f64> = common::f64s(&reference["logits"]);
-        for raw in [false, true] {
-            let (status, response) = server.post("/v1/rerank", &serde_json::json!({"model": "ce", "query": query, "documents": documents, "raw_scores": raw}));
-            assert_eq!(status, 200, "{response}");
-            let results = response["results"].as_array().unwrap();
-            if !raw && results[0]["index"] == 0 {
-                first_right += 1;
-            }
-            for r in results {
-                let (index, score) = (r["index"].as_u64().unwrap() as usize, r["relevance_score"].as_f64().unwrap());
-                let want = if raw { logits[index] } else { 1.0 / (1.0 + (-logits[index]).exp()) };
-                let slot = if raw { &mut worst.1 } else { &mut worst.0 };
-                *slot = slot.max((score - want).abs());
+    for (id, repo) in repos {
+        let mut worst = (0.0f64, 0.0f64);
+        let mut first_right = 0;
+        for row in rows.as_array().unwrap().iter().take(8) {
+            let query = row["query"].as_str().unwrap();
+            let mut documents = vec![row["relevant"].as_str().unwrap().to_string()];
+            documents.extend(row["irrelevant"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_string()));
+            let reference = reference(&the_snapshot(home.path(), repo), &serde_json::json!({"query": query, "documents": documents}));
+            let logits: Vec<f64> = common::f64s(&reference["logits"]);
+            for raw in [false, true] {
+                let (status, response) = server.post("/v1/rerank", &serde_json::json!({"model": id, "query": query, "documents": documents, "raw_scores": raw}));
+                assert_eq!(status, 200, "{response}");
+                let results = response["results"].as_array().unwrap();
+                if !raw && results[0]["index"] == 0 {
+                    first_right += 1;
+                }
+                for r in results {
+                    let (index, score) = (r["index"].as_u64().unwrap() as usize, r["relevance_score"].as_f64().unwrap());
+                    let want = if raw { logits[index] } else { 1.0 / (1.0 + (-logits[index]).exp()) };
+                    let slot = if raw { &mut worst.1 } else { &mut worst.0 };
+                    *slot = slot.max((score - want).abs());
+                }
             }
         }
+        println!("{repo}: max |score - reference| {:.2e} (sigmoid), {:.2e} (raw logits); relevant ranked first on {first_right} of 8 queries", worst.0, worst.1);
+        assert!(worst.0 <= 1e-4 && worst.1 <= 1e-4, "{repo}: {worst:?}");
     }
-    println!("cross-encoder: max |score - reference| {:.2e} (sigmoid), {:.2e} (raw logits); relevant ranked first on {first_right} of 8 queries", worst.0, worst.1);
-    assert!(worst.0 <= 1e-4 && worst.1 <= 1e-4, "{worst:?}");
+}
+
+/// An XLM-RoBERTa repository in safetensors only (SentencePiece unigram
+/// tokenizer.json, positions from pad + 1, query/passage prompts): its graph
+/// built and checked at pull, its vectors over HTTP held to the numpy
+/// reference with each prompt, on ONNX Runtime and OpenVINO.
+#[test]
+fn an_xlm_roberta_with_prompts_is_built_from_safetensors() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let repo = "eeane-test/multilingual-e5-small-enpt";
+    unprepared("hf--eeane-test--multilingual-e5-small-enpt");
+    let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);
+    assert!(pulled.ok, "{}", pulled.stderr);
+    for line in ["pooling = \"mean\"  # 1_Pooling/config.json", "normalize = true", "max_tokens = 512  # sentence_bert_config.json",
+                 "prompts = { \"passage\" = \"passage: \", \"query\" = \"query: \" }", "XLMRobertaModel, graph built from model.safetensors"] {
+        assert!(pulled.stdout.contains(line), "the entry does not say {line:?}:\n{}", pulled.stdout);
+    }
+    let config = format!("{}\n[[models]]\nid = \"openvino\"\nsource = \"hf:{repo}\"\nengine = \"openvino\"\ndevice = \"CPU\"\n", pulled.stdout);
+    let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
+    let texts = common::fixture_texts();
+    let snapshot = the_snapshot(home.path(), repo);
+    for prompt in [None, Some("query"), Some("passage")] {
+        let prefixed: Vec<String> = texts.iter().map(|t| format!("{}{t}", prompt.map(|p| format!("{p}: ")).unwrap_or_default())).collect();
+        let reference = reference(&snapshot, &serde_json::json!({"texts": prefixed, "max_tokens": 512}));
+        for model in [repo, "openvino"] {
+            let mut body = serde_json::json!({"model": model, "input": texts});
+            if let Some(p) = prompt {
+                body["prompt_name"] = p.into();
+            }
+            let (status, response) = server.post("/v1/embeddings", &body);
+            assert_eq!(status, 200, "{model} {prompt:?}: {response}");
+            let worst = common::vectors(&response).iter().zip(reference["vectors"].as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min);
+            println!("{model}, prompt {prompt:?}: {} texts, min cosine to the reference {worst:.8}", texts.len());
+            assert!(worst >= 0.9999, "{model} {prompt:?}: min cosine {worst}");
+            // usage counts the prompt's tokens: the same as sending the prefixed texts.
+            let (_, plain) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": prefixed}));
+            assert_eq!(response["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"], "{model} {prompt:?}");
+        }
+    }
 }
 
 /// onnx_file picks one of the repository's ONNX variants; it is served only

@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::openai::{parse_json, parse_keep_alive, read_body};
 use super::AppState;
-use crate::config::ModelKind;
+use crate::config::{ModelKind, ScoreActivation};
 use crate::model::Inputs;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -190,7 +190,10 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
         error.with_model(&slot.config.id)
     })?;
     let scores: Vec<f64> = if cross_encoder {
-        result.vectors.iter().map(|v| v.first().copied().unwrap_or(f32::NAN) as f64).map(|x| if request.raw_scores { x } else { sigmoid(x) }).collect()
+        result.vectors.iter().map(|v| v.first().copied().unwrap_or(f32::NAN) as f64).map(|x| match (request.raw_scores, slot.config.score_activation) {
+            (false, ScoreActivation::Sigmoid) => sigmoid(x),
+            _ => x,
+        }).collect()
     } else {
         result.vectors[1..].iter().map(|d| cosine(&result.vectors[0], d)).collect()
     };

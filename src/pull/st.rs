@@ -11,8 +11,30 @@ use std::path::Path;
 use serde_json::Value;
 
 /// Architectures whose graph eeane builds from safetensors (`models/bert_onnx.py`).
-/// (RoBERTa and XLM-R are next: their position offset needs the reference check too.)
-pub const BUILT_FROM_SAFETENSORS: &[&str] = &["BertModel", "BertForMaskedLM", "BertForPreTraining", "BertForSequenceClassification"];
+pub const BUILT_FROM_SAFETENSORS: &[&str] = &[
+    "BertModel",
+    "BertForMaskedLM",
+    "BertForPreTraining",
+    "BertForSequenceClassification",
+    "RobertaModel",
+    "RobertaForMaskedLM",
+    "RobertaForSequenceClassification",
+    "XLMRobertaModel",
+    "XLMRobertaForMaskedLM",
+    "XLMRobertaForSequenceClassification",
+    "DistilBertModel",
+    "DistilBertForMaskedLM",
+    "DistilBertForSequenceClassification",
+];
+
+/// The positions a model can embed: `max_position_embeddings`, less the
+/// rows (XLM-)RoBERTa spends on numbering from the padding index + 1.
+fn positions(config: &Value) -> Option<u64> {
+    let rows = config["max_position_embeddings"].as_u64()?;
+    let roberta = config["model_type"].as_str().is_some_and(|t| t.contains("roberta"));
+    let pad = config["pad_token_id"].as_u64().unwrap_or(1);
+    Some(if roberta { rows.saturating_sub(pad + 1) } else { rows })
+}
 
 /// One inferred setting and the file it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +59,8 @@ pub struct StModel {
     pub max_tokens: Inferred<usize>,
     pub prompts: Inferred<BTreeMap<String, String>>,
     pub default_prompt_name: Option<Inferred<String>>,
+    /// A reranker's activation ("sigmoid" or "identity"), as CrossEncoder picks it.
+    pub score_activation: Option<Inferred<&'static str>>,
     /// The repository's own graph, when it ships one.
     pub onnx: Option<String>,
 }
@@ -112,10 +136,7 @@ impl StModel {
             Some(_) => inferred(true, "modules.json (a Normalize module)"),
             None => inferred(false, "modules.json (no Normalize module)"),
         };
-        let positions = config["max_position_embeddings"].as_u64().map(|p| {
-            // (XLM-)RoBERTa positions start after the padding index.
-            if config["model_type"].as_str().is_some_and(|t| t.contains("roberta")) { p.saturating_sub(2) } else { p }
-        });
+        let positions = positions(&config);
         let sbert = read_json(dir, "sentence_bert_config.json")?;
         if sbert.as_ref().is_some_and(|s| s["do_lower_case"].as_bool() == Some(true)) {
             return Err(format!("{repo}: sentence_bert_config.json sets do_lower_case, which eeane does not apply yet"));
@@ -144,6 +165,7 @@ impl StModel {
             max_tokens: Inferred { value: max_tokens.value as usize, from: max_tokens.from },
             prompts: inferred(prompts, "config_sentence_transformers.json"),
             default_prompt_name,
+            score_activation: None,
             onnx,
             reranker: false,
         })
@@ -155,7 +177,16 @@ impl StModel {
         if labels != 1 {
             return Err(format!("{repo} is a {architecture} with {labels} labels; /rerank takes a cross-encoder with one score"));
         }
-        let positions = config["max_position_embeddings"].as_u64().unwrap_or(512);
+        // CrossEncoder's activation: config.json's sentence_transformers.activation_fn
+        // (or the older sbert_ce_default_activation_function), else sigmoid for one label.
+        let named = config["sentence_transformers"]["activation_fn"].as_str().or_else(|| config["sbert_ce_default_activation_function"].as_str());
+        let score_activation = match named {
+            None => inferred("sigmoid", "config.json (CrossEncoder's default for one label)"),
+            Some(name) if name.ends_with("Sigmoid") => inferred("sigmoid", "config.json (activation_fn)"),
+            Some(name) if name.ends_with("Identity") => inferred("identity", "config.json (activation_fn)"),
+            Some(name) => return Err(format!("{repo}: activation_fn {name} is not one eeane applies (Sigmoid, Identity)")),
+        };
+        let positions = positions(config).unwrap_or(512);
         let tokenizer = read_json(dir, "tokenizer_config.json")?;
         let max_tokens = match tokenizer.as_ref().and_then(|t| t["model_max_length"].as_u64()).filter(|n| *n <= positions) {
             Some(n) => inferred(n as usize, "tokenizer_config.json (model_max_length)"),
@@ -169,6 +200,7 @@ impl StModel {
             max_tokens,
             prompts: inferred(BTreeMap::new(), "none for a cross-encoder"),
             default_prompt_name: None,
+            score_activation: Some(score_activation),
             onnx,
         })
     }
@@ -186,6 +218,9 @@ impl StModel {
             "max_tokens": {"value": self.max_tokens.value, "from": self.max_tokens.from},
             "prompts": {"value": self.prompts.value, "from": self.prompts.from},
         });
+        if let Some(activation) = &self.score_activation {
+            settings["score_activation"] = serde_json::json!({"value": activation.value, "from": activation.from});
+        }
         if let Some(default) = &self.default_prompt_name {
             settings["default_prompt_name"] = serde_json::json!({"value": default.value, "from": default.from});
         }
@@ -211,6 +246,9 @@ impl StModel {
         if !self.prompts.value.is_empty() {
             let prompts: Vec<String> = self.prompts.value.iter().map(|(k, v)| format!("{k:?} = {v:?}")).collect();
             entry += &format!("prompts = {{ {} }}  # {}\n", prompts.join(", "), self.prompts.from);
+        }
+        if let Some(activation) = &self.score_activation {
+            entry += &format!("score_activation = {:?}  # {}\n", activation.value, activation.from);
         }
         if let Some(default) = &self.default_prompt_name {
             entry += &format!("default_prompt_name = {:?}  # {}\n", default.value, default.from);
@@ -285,6 +323,13 @@ mod tests {
         let one_label = repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}, "max_position_embeddings": 512}"#)]);
         let ce = StModel::read(one_label.path(), "org/ce", false).unwrap();
         assert!(ce.reranker && ce.pooling.value == "none" && !ce.normalize.value);
+        assert_eq!(ce.score_activation.unwrap().value, "sigmoid");
+        let identity = repo(&[("config.json", r#"{"architectures": ["XLMRobertaForSequenceClassification"], "model_type": "xlm-roberta", "id2label": {"0": "LABEL_0"},
+            "max_position_embeddings": 514, "pad_token_id": 1, "sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}"#)]);
+        let ce = StModel::read(identity.path(), "org/xce", false).unwrap();
+        assert_eq!((ce.score_activation.unwrap().value, ce.max_tokens.value), ("identity", 512));
+        let tanh = repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "L"}, "sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"}"#)]);
+        assert!(StModel::read(tanh.path(), "org/t", false).unwrap_err().contains("Tanh"));
         // Any architecture with its own ONNX.
         let onnx = repo(&[("config.json", r#"{"architectures": ["NewModel"]}"#), ("onnx/model.onnx", "x")]);
         assert_eq!(StModel::read(onnx.path(), "org/n", false).unwrap().onnx.as_deref(), Some("onnx/model.onnx"));

