@@ -704,7 +704,8 @@ def convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, fp16_weight
         want = []
         for ids in seqs:
             feed = np.array([ids], np.int64)
-            hidden = session.run(None, {"input_ids": feed, "attention_mask": np.ones_like(feed), "token_type_ids": np.zeros_like(feed)})[0]
+            inputs = {"input_ids": feed, "attention_mask": np.ones_like(feed), "token_type_ids": np.zeros_like(feed)}
+            hidden = session.run(None, {i.name: inputs[i.name] for i in session.get_inputs()})[0]
             want.append(hidden[0].astype(np.float64).mean(0))
     param, weights_file = out / "model.ncnn.param.tmp", out / "model.ncnn.bin.tmp"
     alone = ncnn_vectors(param, weights_file, seqs)
@@ -754,6 +755,25 @@ def ncnn_from_hf(cache, directory, name, fp16_weights):
                     min(max_tokens, 512), fp16_weights, {"converted_from": str(directory)})
     print(f"{name}: serve it with engine = \"ncnn\", model = \"{{cache}}/models/{name}/model.ncnn.param\", "
           f"tokenizer = \"{{cache}}/models/{name}/tokenizer.json\", max_tokens <= {max_tokens}")
+
+
+def ncnn_from_hub_snapshot(cache, snapshot, name, source, settings):
+    """A Hub repository's snapshot to ncnn in `{cache}/models/NAME`: the same
+    graph builder as its ONNX model (models/bert_onnx.py, from its
+    safetensors), made ncnn-friendly and checked by convert_to_ncnn."""
+    from safetensors.numpy import load_file
+
+    import bert_onnx
+
+    snapshot, out = Path(snapshot), cache / "models" / name
+    if manifest_is_current(out) and (out / "model.ncnn.param").is_file():
+        recorded = json.loads((out / "manifest.json").read_text())["source"]
+        if recorded.get("hub") == source and recorded.get("inferred") == settings:
+            print(f"{name}: up to date in {out}")
+            return
+    weights, cfg = bert_onnx.as_bert(load_file(snapshot / "model.safetensors"), json.loads((snapshot / "config.json").read_text()))
+    max_tokens = min(int((settings or {}).get("max_tokens", {}).get("value", 512)), int(cfg.get("max_position_embeddings", 512)))
+    convert_to_ncnn(cache, out, weights, cfg, snapshot / "tokenizer.json", max_tokens, False, {"hub": source, "inferred": settings})
 
 
 CHECK_PAIRS = [
@@ -995,12 +1015,17 @@ def main():
     parser.add_argument("--source", help="with --hf-snapshot: hf:ORG/NAME@COMMIT, recorded in the manifest")
     parser.add_argument("--onnx-file", help="with --hf-snapshot: the repository's ONNX variant to serve, checked against its fp32 graph")
     parser.add_argument("--settings", help="with --hf-snapshot: what eeane read from the repository (JSON), recorded in the manifest")
+    parser.add_argument("--ncnn", action="store_true", help="with --hf-snapshot: convert to ncnn (from its safetensors) instead")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     if args.hf_snapshot:
         if not args.name or not args.source:
             parser.error("--hf-snapshot needs --name and --source")
-        onnx_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source, json.loads(args.settings) if args.settings else None, args.onnx_file)
+        settings = json.loads(args.settings) if args.settings else None
+        if args.ncnn:
+            ncnn_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source, settings)
+        else:
+            onnx_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source, settings, args.onnx_file)
         return
     if args.ncnn_from:
         if not args.name:

@@ -590,8 +590,10 @@ impl Config {
             if !set("engine") {
                 m.engine = "onnxruntime".into();
             }
-            match crate::pull::hf::resolve(&source, downloads, m.onnx_file.as_deref()) {
-                Ok(resolved) => {
+            let resolved = crate::pull::hf::Target::for_engine(&m.engine, m.onnx_file.as_deref())
+                .and_then(|target| crate::pull::hf::resolve(&source, downloads, &target).map(|resolved| (resolved, target)));
+            match resolved {
+                Ok((resolved, target)) => {
                     let mut take = |key: &str, value: String, from: &str| {
                         if !set(key) {
                             m.inferred.push((format!("{key} = {value}"), from.to_string()));
@@ -599,8 +601,9 @@ impl Config {
                         !set(key)
                     };
                     let dir = format!("{{cache}}/models/{}", resolved.dir_name);
-                    if take("model", format!("\"{dir}/model.onnx\""), "where eeane prepares it") {
-                        m.model = ConfigPath::new(format!("{dir}/model.onnx"));
+                    let model = format!("{dir}/{}", target.model_file());
+                    if take("model", format!("{model:?}"), "where eeane prepares it") {
+                        m.model = ConfigPath::new(model);
                     }
                     if take("tokenizer", format!("\"{dir}/tokenizer.json\""), "the repository's tokenizer.json") {
                         m.tokenizer = ConfigPath::new(format!("{dir}/tokenizer.json"));

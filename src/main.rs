@@ -62,6 +62,14 @@ enum Command {
         /// else PIP_INDEX_URL, else https://pypi.org/simple).
         #[arg(long)]
         index: Option<String>,
+        /// With hf:...: prepare it for this engine: onnxruntime (the ONNX
+        /// graph, which openvino reads too) or ncnn (converted from its safetensors).
+        #[arg(long, default_value = "onnxruntime")]
+        engine: String,
+        /// With hf:...: one of the repository's ONNX variants (onnx/model_O4.onnx),
+        /// served only within cosine 0.9999 of its fp32 graph.
+        #[arg(long)]
+        onnx_file: Option<String>,
     },
     /// List the models in the cache with their sizes, and the known ones not pulled.
     Models,
@@ -143,8 +151,9 @@ fn main() -> ExitCode {
             print!("{}", eeane::pull::catalog_table());
             return ExitCode::SUCCESS;
         }
-        Command::Pull { name: Some(name), download_only, .. } if name.starts_with("hf:") => {
-            return match eeane::pull::hf::pull(name, &cache(), *download_only, None, &eeane::pull::hf::bars()) {
+        Command::Pull { name: Some(name), download_only, engine, onnx_file, .. } if name.starts_with("hf:") => {
+            let target = eeane::pull::hf::Target::for_engine(engine, onnx_file.as_deref());
+            return match target.and_then(|target| eeane::pull::hf::pull(name, &cache(), *download_only, &target, &eeane::pull::hf::bars())) {
                 Ok(entry) => {
                     println!("# Serve it with this entry in eeane.toml ({{cache}} is {}):\n{entry}", cache().display());
                     ExitCode::SUCCESS
@@ -262,7 +271,8 @@ fn pull_sources(config: &Config) -> ExitCode {
     let mut failed = 0;
     for m in config.models.iter().filter(|m| m.policy(&config.server) != eeane::config::LoadPolicy::Disabled) {
         let Some(source) = &m.source else { continue };
-        match eeane::pull::hf::ensure_prepared(source, &config.cache_dir(), config.server.hub_downloads, m.onnx_file.as_deref()) {
+        let target = eeane::pull::hf::Target::for_engine(&m.engine, m.onnx_file.as_deref());
+        match target.and_then(|target| eeane::pull::hf::ensure_prepared(source, &config.cache_dir(), config.server.hub_downloads, &target)) {
             Ok(()) => eprintln!("{}: {source} ready in {}", m.id, m.model.path().display()),
             Err(e) => {
                 eprintln!("eeane pull: {}: {e}", m.id);

@@ -58,8 +58,9 @@ impl LoadedModel {
         }
         if let Some(source) = config.source.clone() {
             // A Hub model's weights come (and are prepared) at its first load.
-            let (cache, downloads, onnx_file) = (server.cache_dir(), server.server.hub_downloads, config.onnx_file.clone());
-            tokio::task::spawn_blocking(move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, onnx_file.as_deref()))
+            let (cache, downloads) = (server.cache_dir(), server.server.hub_downloads);
+            let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref()).map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
+            tokio::task::spawn_blocking(move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target))
                 .await
                 .expect("Hub fetch panicked")
                 .map_err(|e| ModelError::Engine(EngineError::Model(e)))?;

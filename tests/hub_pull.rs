@@ -650,3 +650,66 @@ fn an_onnx_variant_is_served_only_within_0_9999_of_fp32() {
     println!("optimized variant: min cosine {measured:.8} to fp32, served; int8 variant refused: {}", server.stderr().lines().find(|l| l.contains("drifts")).unwrap_or(""));
     assert!(!common::cache_dir().join("models/hf--eeane-test--minilm-onnx-variants--model_quantized/model.onnx").exists(), "the refused variant was kept");
 }
+
+/// engine = "ncnn" on a Hub entry: the same graph builder's graph, made
+/// ncnn-friendly and converted by pnnx from the repository's safetensors,
+/// served on the CPU and on a Vulkan device (lavapipe) and held to the numpy
+/// reference; a cross-encoder or an onnx_file is refused for ncnn by name.
+#[test]
+fn a_hub_model_converts_to_ncnn_from_the_same_graph() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let repo = "eeane-test/multilingual-e5-small-enpt";
+    unprepared("hf--eeane-test--multilingual-e5-small-enpt--ncnn");
+    let config = format!(
+        "[[models]]\nid = \"cpu\"\nsource = \"hf:{repo}\"\nengine = \"ncnn\"\ndevice = \"cpu\"\n\n\
+         [[models]]\nid = \"vulkan\"\nsource = \"hf:{repo}\"\nengine = \"ncnn\"\ndevice = \"vulkan:llvmpipe\"\n\n\
+         [[models]]\nid = \"ce\"\nsource = \"hf:eeane-test/minilm-cross-encoder\"\nengine = \"ncnn\"\n\n\
+         [[models]]\nid = \"variant\"\nsource = \"hf:eeane-test/minilm-onnx-variants\"\nengine = \"ncnn\"\nonnx_file = \"onnx/model_O2.onnx\"\n"
+    );
+    let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
+    let texts = common::fixture_texts();
+    let mut reference_vectors = None;
+    for model in ["cpu", "vulkan"] {
+        let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": texts}));
+        assert_eq!(status, 200, "{model}: {response}");
+        // The weights are in the HF cache once the first model has loaded.
+        let reference = reference_vectors.get_or_insert_with(|| reference(&the_snapshot(home.path(), repo), &serde_json::json!({"texts": texts, "max_tokens": 512})));
+        let worst = common::vectors(&response).iter().zip(reference["vectors"].as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min);
+        println!("ncnn {model}: {} texts, min cosine to the reference {worst:.8}", texts.len());
+        assert!(worst >= 0.9999, "{model}: min cosine {worst}");
+    }
+    let manifest: Value = serde_json::from_slice(&std::fs::read(common::cache_dir().join("models/hf--eeane-test--multilingual-e5-small-enpt--ncnn/manifest.json")).unwrap()).unwrap();
+    assert!(manifest["source"]["hub"].as_str().unwrap().starts_with(&format!("hf:{repo}@")), "{manifest}");
+    for (model, says) in [("ce", "cross-encoder"), ("variant", "onnx_file")] {
+        let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": "x"}));
+        assert_eq!(status, 503, "{model}: {response}");
+        assert!(response["error"]["message"].as_str().unwrap().contains(says), "{model}: {response}");
+    }
+}
+
+/// A server's first load and `eeane pull` of one repository at once: one
+/// fetches and prepares it while the other waits on its lock, so no file is
+/// fetched twice and both end with the same prepared model.
+#[test]
+fn a_repository_is_prepared_once_by_a_server_and_a_pull_at_once() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let repo = "eeane-test/minilm-two-entries";
+    unprepared("hf--eeane-test--minilm-two-entries");
+    let config = format!("[[models]]\nid = \"a\"\nsource = \"hf:{repo}\"\n");
+    let env = [("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())];
+    let server = common::Server::start(Some(&config), &env);
+    let (status, pulled) = std::thread::scope(|scope| {
+        let serve = scope.spawn(|| server.post("/v1/embeddings", &serde_json::json!({"model": "a", "input": "hello"})).0);
+        let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);
+        (serve.join().unwrap(), pulled)
+    });
+    assert_eq!(status, 200, "{}", server.stderr());
+    assert!(pulled.ok, "{}", pulled.stderr);
+    let fetched: Vec<String> = hub.log().iter().filter(|r| r["server"] == "storage" && r["method"] == "GET").map(|r| r["path"].as_str().unwrap().to_string()).collect();
+    let mut distinct = fetched.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(!fetched.is_empty() && fetched.len() == distinct.len(), "a file was fetched twice: {fetched:?}");
+}

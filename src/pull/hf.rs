@@ -13,6 +13,40 @@ pub fn bars() -> impl Progress {
 use super::hub::{Hub, Progress, RepoRef};
 use super::st::StModel;
 
+/// What a `source` entry is prepared into: the ONNX graph (the repository's
+/// own, one of its variants, or built from safetensors; ONNX Runtime and
+/// OpenVINO both read it), or ncnn's param/bin converted from the same
+/// builder's graph.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Target {
+    /// One of the repository's ONNX variants (onnx/model_O4.onnx).
+    pub onnx_file: Option<String>,
+    pub ncnn: bool,
+}
+
+impl Target {
+    /// The target an entry's engine and `onnx_file` call for.
+    pub fn for_engine(engine: &str, onnx_file: Option<&str>) -> Result<Target, String> {
+        if !matches!(engine, "onnxruntime" | "openvino" | "ncnn") {
+            return Err(format!("a Hub source is prepared for engine onnxruntime, openvino (both read its ONNX graph) or ncnn, not {engine:?}"));
+        }
+        let ncnn = engine == "ncnn";
+        if ncnn && onnx_file.is_some() {
+            return Err("onnx_file picks an ONNX variant; ncnn's graph is converted from model.safetensors (leave onnx_file out)".into());
+        }
+        Ok(Target { onnx_file: onnx_file.map(str::to_string), ncnn })
+    }
+
+    /// The prepared model's file in its folder.
+    pub fn model_file(&self) -> &'static str {
+        if self.ncnn {
+            "model.ncnn.param"
+        } else {
+            "model.onnx"
+        }
+    }
+}
+
 /// The files of a repository that serving it needs: the configs
 /// sentence-transformers and transformers read, the tokenizer, each module's
 /// folder (pooling, dense), and one set of weights: the repository's own
@@ -20,9 +54,11 @@ use super::st::StModel;
 /// safetensors (sharded or not). Other formats (PyTorch .bin, TensorFlow,
 /// Flax, OpenVINO, other ONNX variants), READMEs and images are left.
 /// With `onnx_file` (a variant such as onnx/model_O4.onnx), that file and its
-/// external data too, beside the fp32 weights it is checked against.
-pub fn select_files(listing: &[&str], onnx_file: Option<&str>) -> Vec<String> {
-    let onnx = listing.contains(&"onnx/model.onnx");
+/// external data too, beside the fp32 weights it is checked against; for
+/// ncnn, the safetensors whatever else the repository ships.
+pub fn select_files(listing: &[&str], target: &Target) -> Vec<String> {
+    let onnx = listing.contains(&"onnx/model.onnx") && !target.ncnn;
+    let onnx_file = target.onnx_file.as_deref();
     let variant = |f: &str| onnx_file.is_some_and(|v| f == v || f.strip_prefix(v).is_some_and(|rest| rest == "_data" || rest == ".data"));
     let config_or_tokenizer = |f: &str| {
         let name = f.rsplit('/').next().unwrap_or(f);
@@ -71,9 +107,10 @@ pub struct Resolved {
     pub model: StModel,
 }
 
-fn dir_name(repo: &RepoRef, onnx_file: Option<&str>) -> String {
-    let variant = onnx_file.map(|f| format!("--{}", f.trim_start_matches("onnx/").trim_end_matches(".onnx").replace('/', "-"))).unwrap_or_default();
-    format!("hf--{}{variant}", repo.repo.replace('/', "--"))
+fn dir_name(repo: &RepoRef, target: &Target) -> String {
+    let variant = target.onnx_file.as_ref().map(|f| format!("--{}", f.trim_start_matches("onnx/").trim_end_matches(".onnx").replace('/', "-"))).unwrap_or_default();
+    let ncnn = if target.ncnn { "--ncnn" } else { "" };
+    format!("hf--{}{variant}{ncnn}", repo.repo.replace('/', "--"))
 }
 
 /// Runs `work` on a thread of its own: the Hub client drives its own
@@ -90,7 +127,7 @@ fn fetch_configs(hub: &Hub, repo: &RepoRef, progress: &dyn Progress) -> Result<(
         repo,
         |all: &[&str]| {
             *listing.borrow_mut() = all.iter().map(|f| f.to_string()).collect();
-            select_files(all, None).into_iter().filter(|f| f.ends_with(".json")).collect()
+            select_files(all, &Target::default()).into_iter().filter(|f| f.ends_with(".json")).collect()
         },
         progress,
     ))?;
@@ -101,7 +138,7 @@ fn fetch_configs(hub: &Hub, repo: &RepoRef, progress: &dyn Progress) -> Result<(
 /// Reads `source` as sentence-transformers would, from the HF cache when it
 /// has the revision's configs, else (with `downloads`) from the Hub's config
 /// files alone; the weights are left for `ensure_prepared`.
-pub fn resolve(source: &str, downloads: bool, onnx_file: Option<&str>) -> Result<Resolved, String> {
+pub fn resolve(source: &str, downloads: bool, target: &Target) -> Result<Resolved, String> {
     let repo = RepoRef::parse(source)?;
     let mut hub = Hub::from_env()?;
     hub.offline |= !downloads;
@@ -122,29 +159,62 @@ pub fn resolve(source: &str, downloads: bool, onnx_file: Option<&str>) -> Result
             (snapshot.dir, snapshot.commit, onnx)
         }
     };
-    let model = StModel::read(&dir, &repo.repo, ships_onnx)?;
-    Ok(Resolved { dir_name: dir_name(&repo, onnx_file), commit, model })
+    let model = read_for(&dir, &repo.repo, ships_onnx, target)?;
+    Ok(Resolved { dir_name: dir_name(&repo, target), commit, model })
+}
+
+/// The repository read for `target`: ncnn converts from safetensors, so
+/// the repository's own ONNX does not count, and it serves embeddings only.
+fn read_for(dir: &Path, repo: &str, ships_onnx: bool, target: &Target) -> Result<StModel, String> {
+    let model = StModel::read(dir, repo, ships_onnx && !target.ncnn)?;
+    if target.ncnn && model.reranker {
+        return Err(format!("{repo} is a cross-encoder; the ncnn engine serves embedding models (use engine = \"onnxruntime\")"));
+    }
+    Ok(model)
 }
 
 /// Makes `{cache}/models/hf--ORG--NAME` hold `source`'s prepared model at the
 /// commit it resolves to, fetching and preparing it when it does not (with
 /// `downloads`); progress goes to the log.
-pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool, onnx_file: Option<&str>) -> Result<(), String> {
-    let resolved = resolve(source, downloads, onnx_file)?;
+pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool, target: &Target) -> Result<(), String> {
+    let resolved = resolve(source, downloads, target)?;
     let repo = RepoRef::parse(source)?;
     let pinned = format!("hf:{}@{}", repo.repo, resolved.commit);
     let out = cache.join("models").join(&resolved.dir_name);
-    let manifest: Option<serde_json::Value> = std::fs::read(out.join("manifest.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-    if manifest.as_ref().is_some_and(|m| m["source"]["hub"] == pinned.as_str()) && out.join("model.onnx").is_file() {
+    if is_prepared(&out, &pinned, target) {
         return Ok(());
     }
     if !downloads {
         return Err(format!("{source} is not prepared in {} and server.hub_downloads = false; run `eeane pull {source}`", out.display()));
     }
-    tracing::info!(%source, commit = %resolved.commit, "fetching and preparing a Hub model");
-    let (source, cache) = (format!("hf:{}@{}", repo.repo, resolved.commit), cache.to_path_buf());
-    let onnx_file = onnx_file.map(str::to_string);
-    off_runtime(move || pull(&source, &cache, false, onnx_file.as_deref(), &LogProgress::default()).map(drop))
+    let (cache, target) = (cache.to_path_buf(), target.clone());
+    off_runtime(move || {
+        // Another entry (or `eeane pull`) may be preparing it: wait, then look again.
+        let _lock = lock_repo(&cache, &repo)?;
+        if is_prepared(&out, &pinned, &target) {
+            return Ok(());
+        }
+        tracing::info!(source = %pinned, "fetching and preparing a Hub model");
+        pull_unlocked(&pinned, &cache, false, &target, &LogProgress::default()).map(drop)
+    })
+}
+
+/// Whether `out` holds the model prepared from `pinned` (hf:REPO@COMMIT) for `target`.
+fn is_prepared(out: &Path, pinned: &str, target: &Target) -> bool {
+    let manifest: Option<serde_json::Value> = std::fs::read(out.join("manifest.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    manifest.is_some_and(|m| m["source"]["hub"] == pinned) && out.join(target.model_file()).is_file()
+}
+
+/// An exclusive lock on preparing `repo` in `cache` (released when dropped):
+/// two entries of one repository, or a server and `eeane pull`, never write
+/// its blobs or its prepared folder at once.
+fn lock_repo(cache: &Path, repo: &RepoRef) -> Result<std::fs::File, String> {
+    let dir = cache.join("models");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join(format!(".hf--{}.lock", repo.repo.replace('/', "--")));
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    file.lock().map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+    Ok(file)
 }
 
 /// Downloads `source`'s files into the HF cache, reads them as
@@ -152,16 +222,24 @@ pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool, onnx_file: O
 /// `{cache}/models/hf--ORG--NAME` (models/prepare.py, checked against the
 /// numpy reference) and returns the `[[models]]` entry that serves it; with
 /// `download_only`, where the files are.
-pub fn pull(source: &str, cache: &Path, download_only: bool, onnx_file: Option<&str>, progress: &dyn Progress) -> Result<String, String> {
+pub fn pull(source: &str, cache: &Path, download_only: bool, target: &Target, progress: &dyn Progress) -> Result<String, String> {
+    let _lock = lock_repo(cache, &RepoRef::parse(source)?)?;
+    pull_unlocked(source, cache, download_only, target, progress)
+}
+
+fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Target, progress: &dyn Progress) -> Result<String, String> {
     let repo = RepoRef::parse(source)?;
     let hub = Hub::from_env()?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     // The configs first: an architecture eeane cannot serve is refused before the weights come.
     let (configs, ships_onnx) = fetch_configs(&hub, &repo, progress)?;
-    let model = StModel::read(&configs.dir, &repo.repo, ships_onnx)?;
-    let snapshot = runtime.block_on(hub.snapshot(&repo, |listing| select_files(listing, onnx_file), progress))?;
-    if let Some(file) = onnx_file.filter(|f| !snapshot.dir.join(f).is_file()) {
+    let model = read_for(&configs.dir, &repo.repo, ships_onnx, target)?;
+    let snapshot = runtime.block_on(hub.snapshot(&repo, |listing| select_files(listing, target), progress))?;
+    if let Some(file) = target.onnx_file.as_deref().filter(|f| !snapshot.dir.join(f).is_file()) {
         return Err(format!("{} has no {file} at {}", repo.repo, snapshot.commit));
+    }
+    if model.onnx.is_none() && !snapshot.dir.join("model.safetensors").is_file() {
+        return Err(format!("{} has no model.safetensors at {} (eeane builds {} graphs from it)", repo.repo, snapshot.commit, if target.ncnn { "ncnn" } else { "ONNX" }));
     }
     eprintln!(
         "{}@{}: commit {}, {:.1} MiB downloaded, in {}",
@@ -174,15 +252,19 @@ pub fn pull(source: &str, cache: &Path, download_only: bool, onnx_file: Option<&
     if download_only {
         return Ok(format!("# {} at commit {}\n# files: {}\n", repo.repo, snapshot.commit, snapshot.dir.display()));
     }
-    let dir_name = dir_name(&repo, onnx_file);
+    let dir_name = dir_name(&repo, target);
     let pinned = format!("hf:{}@{}", repo.repo, snapshot.commit);
     let settings = model.settings().to_string();
     let mut args = vec!["--hf-snapshot".into(), snapshot.dir.display().to_string(), "--name".into(), dir_name.clone(), "--source".into(), pinned, "--settings".into(), settings];
-    if let Some(file) = onnx_file {
-        args.extend(["--onnx-file".to_string(), file.to_string()]);
+    if let Some(file) = &target.onnx_file {
+        args.extend(["--onnx-file".to_string(), file.clone()]);
     }
-    super::run_prepare(cache, &args)?;
-    Ok(model.entry(&repo.repo, &snapshot.commit, &dir_name))
+    if target.ncnn {
+        args.push("--ncnn".into());
+    }
+    // ncnn's runtime (and Python module, for the conversion's check) is built once, on first need.
+    super::run_prepare(cache, &args, if target.ncnn { "ncnn" } else { "" })?;
+    Ok(model.entry(&repo.repo, &snapshot.commit, &dir_name, target))
 }
 
 /// No progress shown (the config files are a few kilobytes).
@@ -230,7 +312,7 @@ mod tests {
             "tokenizer.json", "tokenizer_config.json", "vocab.txt", "tf_model.h5", "openvino/openvino_model.xml",
             "onnx/model_O4.onnx", "2_Dense/config.json", "2_Dense/model.safetensors",
         ];
-        let chosen = select_files(&st, None);
+        let chosen = select_files(&st, &Target::default());
         for f in ["1_Pooling/config.json", "config.json", "model.safetensors", "modules.json", "tokenizer.json", "vocab.txt", "2_Dense/model.safetensors"] {
             assert!(chosen.contains(&f.to_string()), "{f} not chosen: {chosen:?}");
         }
@@ -238,10 +320,14 @@ mod tests {
             assert!(!chosen.contains(&f.to_string()), "{f} chosen");
         }
         let with_onnx = ["config.json", "model.safetensors", "onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_quantized.onnx", "tokenizer.json"];
-        assert_eq!(select_files(&with_onnx, None), ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "tokenizer.json"]);
+        assert_eq!(select_files(&with_onnx, &Target::default()), ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "tokenizer.json"]);
         assert_eq!(
-            select_files(&with_onnx, Some("onnx/model_quantized.onnx")),
+            select_files(&with_onnx, &Target { onnx_file: Some("onnx/model_quantized.onnx".into()), ncnn: false }),
             ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_quantized.onnx", "tokenizer.json"]
         );
+        // ncnn converts from safetensors, whatever ONNX the repository ships.
+        let ncnn = Target::for_engine("ncnn", None).unwrap();
+        assert_eq!(select_files(&with_onnx, &ncnn), ["config.json", "model.safetensors", "tokenizer.json"]);
+        assert!(Target::for_engine("ncnn", Some("onnx/model_O4.onnx")).unwrap_err().contains("onnx_file"));
     }
 }

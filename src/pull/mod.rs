@@ -76,15 +76,16 @@ pub fn pull(name: &str, options: &PullOptions) -> Result<String, String> {
     Ok(model.snippet.trim_start().to_string())
 }
 
-/// Runs models/setup.sh (the venv and ONNX Runtime, installed if missing),
-/// then models/prepare.py with `args`, its output on stderr.
-pub fn run_prepare(cache: &Path, args: &[String]) -> Result<(), String> {
+/// Runs models/setup.sh (the venv and ONNX Runtime, installed if missing;
+/// `extra` is its EEANE_EXTRA_MODELS, "ncnn" to build ncnn), then
+/// models/prepare.py with `args`, its output on stderr.
+pub fn run_prepare(cache: &Path, args: &[String], extra: &str) -> Result<(), String> {
     let scripts = scripts_dir()?;
     let stderr = || std::process::Stdio::from(std::io::stderr());
     let setup = Command::new("bash")
         .arg(scripts.join("setup.sh"))
         .env("EEANE_CACHE_DIR", cache)
-        .env("EEANE_EXTRA_MODELS", "")
+        .env("EEANE_EXTRA_MODELS", extra)
         .stdout(stderr())
         .status()
         .map_err(|e| format!("cannot run {}: {e}", scripts.join("setup.sh").display()))?;

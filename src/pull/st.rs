@@ -229,11 +229,13 @@ impl StModel {
 
     /// The `[[models]]` entry that serves the prepared model, each inferred
     /// value with the file it came from.
-    pub fn entry(&self, repo: &str, commit: &str, dir_name: &str) -> String {
+    pub fn entry(&self, repo: &str, commit: &str, dir_name: &str, target: &super::hf::Target) -> String {
         let kind = if self.reranker { "kind = \"reranker\"  # config.json (a sequence classifier with one label)\n" } else { "" };
+        let engine = if target.ncnn { "ncnn" } else { "onnxruntime" };
         let mut entry = format!(
-            "[[models]]\nid = {repo:?}\n{kind}engine = \"onnxruntime\"\nmodel = \"{{cache}}/models/{dir_name}/model.onnx\"\ntokenizer = \"{{cache}}/models/{dir_name}/tokenizer.json\"\n\
+            "[[models]]\nid = {repo:?}\n{kind}engine = \"{engine}\"\nmodel = \"{{cache}}/models/{dir_name}/{}\"\ntokenizer = \"{{cache}}/models/{dir_name}/tokenizer.json\"\n\
              pooling = {:?}  # {}\nnormalize = {}  # {}\nmax_tokens = {}  # {}\n# source: hf:{repo}@{commit} ({}{})\n",
+            target.model_file(),
             self.pooling.value,
             self.pooling.from,
             self.normalize.value,

@@ -18,6 +18,8 @@ weights the project already has, laid out as on the Hub:
                                           own for the test that fetches at load
   eeane-test/minilm-offline               the first again, for the test that
                                           serves from the HF cache alone
+  eeane-test/minilm-two-entries           the first again, for two entries that
+                                          fetch it at once
   eeane-test/minilm-max                   the second with max pooling
   eeane-test/minilm-prompts               the first with query/passage prompts,
                                           passage by default (as e5 declares them)
@@ -290,6 +292,7 @@ def main():
 
     shutil.copytree(cls, out / "eeane-test/minilm-at-first-load")
     shutil.copytree(minilm, out / "eeane-test/minilm-offline")
+    shutil.copytree(minilm, out / "eeane-test/minilm-two-entries")
 
     max_pooled = out / "eeane-test/minilm-max"
     shutil.copytree(cls, max_pooled)
