@@ -6,6 +6,7 @@
 //! flipped byte in the weights would still parse, and embed wrongly).
 //! Directories without a manifest (a user's own files) are not checked.
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -42,7 +43,7 @@ pub fn verify(paths: &[PathBuf]) -> Result<(), String> {
             let Some(now) = stamp(&path) else {
                 return Err(format!("{} is missing (listed in {}); prepare the model again (eeane pull)", path.display(), manifest.display()));
             };
-            if VERIFIED.lock().unwrap().as_ref().and_then(|v| v.get(&path)) == Some(&now) {
+            if VERIFIED.locked().as_ref().and_then(|v| v.get(&path)) == Some(&now) {
                 continue;
             }
             let digest = sha256(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -54,7 +55,7 @@ pub fn verify(paths: &[PathBuf]) -> Result<(), String> {
                     expected.as_str().unwrap_or("?")
                 ));
             }
-            VERIFIED.lock().unwrap().get_or_insert_with(HashMap::new).insert(path, now);
+            VERIFIED.locked().get_or_insert_with(HashMap::new).insert(path, now);
         }
     }
     Ok(())

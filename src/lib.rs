@@ -13,4 +13,5 @@ pub mod pooling;
 pub mod pull;
 pub mod registry;
 pub mod serving;
+pub mod sync;
 pub mod tokenize;

@@ -26,6 +26,21 @@ pub enum ModelError {
     Engine(#[from] EngineError),
     #[error("the request waited longer than queue_timeout before its inference started")]
     QueueTimeout,
+    /// A bug: a panic in blocking work, caught so that only this request fails.
+    #[error("model {model:?}: the {what} panicked ({message}); the server keeps serving: please report this")]
+    Panicked { model: String, what: &'static str, message: String },
+}
+
+/// Runs `work` off the async workers; a panic in it becomes an error that
+/// names the model and the work, instead of taking the request task down.
+async fn blocking<T: Send + 'static>(model: &str, what: &'static str, work: impl FnOnce() -> T + Send + 'static) -> Result<T, ModelError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        let message = match e.try_into_panic() {
+            Ok(payload) => payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned()).unwrap_or_default(),
+            Err(e) => e.to_string(),
+        };
+        ModelError::Panicked { model: model.to_string(), what, message }
+    })
 }
 
 impl From<WorkerError> for ModelError {
@@ -60,19 +75,17 @@ impl LoadedModel {
             // A Hub model's weights come (and are prepared) at its first load.
             let (cache, downloads) = (server.cache_dir(), server.server.hub_downloads);
             let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref()).map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
-            tokio::task::spawn_blocking(move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target))
-                .await
-                .expect("Hub fetch panicked")
+            blocking(&config.id, "Hub fetch", move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target))
+                .await?
                 .map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
         }
         let files = vec![config.model.path(), config.tokenizer.path()];
-        tokio::task::spawn_blocking(move || crate::integrity::verify(&files))
-            .await
-            .expect("manifest check panicked")
+        blocking(&config.id, "manifest check", move || crate::integrity::verify(&files))
+            .await?
             .map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
         let tokenizer = {
             let config = config.clone();
-            tokio::task::spawn_blocking(move || TextTokenizer::from_config(&config)).await.expect("tokenizer load panicked")?
+            blocking(&config.id.clone(), "tokenizer load", move || TextTokenizer::from_config(&config)).await??
         };
         let loader = crate::engines::loader(&config.engine)
             .ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
@@ -146,7 +159,7 @@ impl LoadedModel {
         let tokenizer = self.tokenizer.clone();
         // Tokenizing thousands of texts takes milliseconds: keep it off the async workers.
         let groups: Vec<Vec<Encoded>> =
-            tokio::task::spawn_blocking(move || tokenizer.encode(&inputs)).await.expect("tokenizer panicked")?;
+            blocking(&self.config.id, "tokenizer", move || tokenizer.encode(&inputs)).await??;
         let counts: Vec<usize> = groups.iter().map(Vec::len).collect();
         let seqs: Vec<Encoded> = groups.into_iter().flatten().collect();
         let tokens = seqs.iter().map(|s| s.ids.len()).sum();
@@ -195,5 +208,19 @@ pub fn batch_policy(config: &ModelConfig) -> BatchPolicy {
             BatchOrder::Sorted => Order::Sorted,
             BatchOrder::Arrival => Order::Arrival,
         },
+    }
+}
+
+#[cfg(test)]
+mod blocking_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_in_blocking_work_is_an_error_naming_the_model() {
+        let e = blocking("m", "tokenizer", || -> u32 { panic!("bad byte at 7") }).await.unwrap_err();
+        assert!(matches!(&e, ModelError::Panicked { model, what: "tokenizer", message } if model == "m" && message == "bad byte at 7"), "{e}");
+        let api = crate::http::error::ApiError::from(&e);
+        assert_eq!(api.status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(blocking("m", "tokenizer", || 3).await.unwrap(), 3);
     }
 }

@@ -83,8 +83,8 @@ pub fn pool_output(output: EngineOutput, batch: &TokenBatch, pooling: Pooling, u
         }
     };
     // A NaN or infinity is never a vector the model means: fail loudly instead,
-    // whatever the engine (on Core ML it is the sign that the Neural Engine is
-    // not really in use: seed 004).
+    // whatever the engine (on Core ML it means the compiled model did not run
+    // on the Neural Engine: off it, its output comes back non-finite).
     if let Some(row) = vectors.iter().position(|v| v.iter().any(|x| !x.is_finite())) {
         return Err(EngineError::Inference(format!(
             "{who} produced a non-finite value (NaN or infinity) for sequence {row} of a batch of {}, so nothing is returned. \

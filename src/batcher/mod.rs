@@ -7,6 +7,7 @@
 
 mod plan;
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -218,7 +219,7 @@ fn start_device(
             let mut shown_pid = None;
             let mut show_pid = |pid: Option<u32>| {
                 if pid != shown_pid {
-                    let mut pids = stats.engine_pids.lock().unwrap();
+                    let mut pids = stats.engine_pids.locked();
                     if pids.len() <= index {
                         pids.resize(index + 1, None);
                     }
@@ -298,7 +299,7 @@ impl EngineWorker {
                 if !skipped.is_empty() {
                     info.device = format!("{} (missing: {})", info.device, skipped.join(", "));
                 }
-                *thread_stats.device_batches.lock().unwrap() = vec![0; devices.len()];
+                *thread_stats.device_batches.locked() = vec![0; devices.len()];
                 let _ = ready_tx.send(Ok(info.clone()));
                 dispatch(&info, devices, pipeline, inbox, &thread_stats);
             })
@@ -410,7 +411,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
                 continue;
             }
             let batch = token_batch(&pipeline, &active, &planned, stats);
-            stats.device_batches.lock().unwrap()[device] += 1;
+            stats.device_batches.locked()[device] += 1;
             if devices[device].work.send(Work { batch, items: planned.items.clone() }).is_err() {
                 deliver(&mut active, &mut pool, planned.items, Err(EngineError::Runtime("the engine thread has stopped".into())));
                 continue;
@@ -549,7 +550,7 @@ mod tests {
         let seqs: Vec<Encoded> = (1..=40).map(|i| Encoded { ids: vec![i; 1 + i as usize % 5], type_ids: vec![0; 1 + i as usize % 5] }).collect();
         let got = worker.embed(seqs, None).await.unwrap();
         assert_eq!(got, (1..=40).map(|i| vec![i as f32, 1.0]).collect::<Vec<_>>());
-        let per_device = worker.stats.device_batches.lock().unwrap().clone();
+        let per_device = worker.stats.device_batches.locked().clone();
         assert_eq!(per_device.iter().sum::<u64>(), 20);
         assert!(per_device.iter().all(|&n| n > 0), "both devices should run batches: {per_device:?}");
     }

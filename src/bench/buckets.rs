@@ -1,6 +1,6 @@
 //! `eeane bench --buckets`: each model's engine on full batches of every one of
 //! its length buckets, in process, so that engines (and precisions) can be held
-//! against each other shape by shape, as seed 001's tables are.
+//! against each other shape by shape (batch x length), not only on a mix.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -14,6 +14,7 @@
 //! - writing the response (`write_timeout`): tokio-io-timeout's write
 //!   timeout on the socket, whose clock restarts with every byte written.
 
+use crate::sync::Recover;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -183,7 +184,7 @@ impl Table {
     /// a head, else the oldest still sending a body. None: every connection
     /// has a request at work, refuse the new one.
     fn admit(&self, id: u64, cap: usize) -> Option<Arc<Connection>> {
-        let mut open = self.open.lock().expect("connection table");
+        let mut open = self.open.locked();
         if open.len().saturating_sub(self.closing.load(Ordering::Relaxed)) >= cap {
             let victim = eviction_candidate(open.values())?;
             victim.evicted.store(true, Ordering::Relaxed);
@@ -210,7 +211,7 @@ impl Table {
     }
 
     fn remove(&self, id: u64) {
-        let mut open = self.open.lock().expect("connection table");
+        let mut open = self.open.locked();
         if open.remove(&id).is_some_and(|c| c.evicted.load(Ordering::Relaxed)) {
             self.closing.fetch_sub(1, Ordering::Relaxed);
         }
@@ -219,7 +220,7 @@ impl Table {
     }
 
     fn len(&self) -> usize {
-        self.open.lock().expect("connection table").len()
+        self.open.locked().len()
     }
 
     /// When the connection's head or idle clock runs out, and which it is;
@@ -566,7 +567,7 @@ mod tests {
         let _fourth = table.admit(4, 2).unwrap();
         table.remove(3);
         // First and fourth open; make fourth busy too: nothing to evict.
-        let fourth = table.open.lock().unwrap().get(&4).cloned().unwrap();
+        let fourth = table.open.locked().get(&4).cloned().unwrap();
         let _busy_too = InService::enter(&table, &fourth);
         assert!(table.admit(5, 2).is_none());
     }
@@ -582,7 +583,7 @@ mod tests {
         let head = table.admit(2, 10).unwrap();
         let idle = table.admit(3, 10).unwrap();
         drop(InService::enter(&table, &idle));
-        let open = table.open.lock().unwrap();
+        let open = table.open.locked();
         assert!(Arc::ptr_eq(eviction_candidate(open.values()).unwrap(), &idle));
         idle.evicted.store(true, Ordering::Relaxed);
         assert!(Arc::ptr_eq(eviction_candidate(open.values()).unwrap(), &receiving));

@@ -179,6 +179,7 @@ impl From<&ModelError> for ApiError {
     fn from(e: &ModelError) -> Self {
         match e {
             ModelError::QueueTimeout => queue_timeout(e.to_string()),
+            ModelError::Panicked { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", e.to_string()),
             ModelError::Tokenize(e @ TokenizeError::OutOfVocabulary { input, position, .. }) => {
                 ApiError::unprocessable("token_id_out_of_vocabulary", format!(
                     "{e}. Token ids must come from this model's own tokenizer (not tiktoken; LangChain users: set check_embedding_ctx_length=False)"

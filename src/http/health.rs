@@ -1,5 +1,6 @@
 //! `GET /health`: open even with an API key, rate-limited per client IP.
 
+use crate::sync::Recover;
 use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, State};
@@ -60,7 +61,8 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
                 entry["precision"] = json!(info.precision);
                 entry["runtime_version"] = json!(info.runtime_version);
                 if let Some((on, total)) = info.accelerated_layers {
-                    // A silent fallback to the CPU shows here (seed 000).
+                    // A device set after load_param silently runs every layer on the
+                    // CPU; the count of layers on the device shows it.
                     entry["accelerated_layers"] = json!({"on_device": on, "total": total});
                 }
                 entry["dimensions"] = json!(model.dimensions);
@@ -72,12 +74,12 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
                     "rows": load(&stats.rows),
                     "padded_tokens": load(&stats.padded_tokens),
                     "real_tokens": load(&stats.real_tokens),
-                    "per_device": *stats.device_batches.lock().unwrap(),
+                    "per_device": *stats.device_batches.locked(),
                 });
                 entry["isolation"] = json!(model.isolation);
                 if model.isolation == crate::config::Isolation::Process {
                     // The engine's own process per device, for `ps`/`top` and for its memory.
-                    entry["engine_pids"] = json!(*stats.engine_pids.lock().unwrap());
+                    entry["engine_pids"] = json!(*stats.engine_pids.locked());
                     entry["engine_restarts"] = json!(load(&stats.engine_restarts));
                 }
             }

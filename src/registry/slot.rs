@@ -1,5 +1,6 @@
 //! One `[[models]]` entry and the state of its model.
 
+use crate::sync::Recover;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -111,7 +112,7 @@ impl ModelSlot {
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 
     /// Whether a reloaded config's entry is this one unchanged.

@@ -1,6 +1,7 @@
 //! Identical requests in flight share one computation: the first (the leader)
 //! runs it, the others attach and receive a clone of its result.
 
+use crate::sync::Recover;
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
@@ -33,7 +34,7 @@ struct LeaderEntry<'a, K: Hash + Eq, V> {
 
 impl<K: Hash + Eq, V> Drop for LeaderEntry<'_, K, V> {
     fn drop(&mut self) {
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.map.locked();
         if map.get(self.key).is_some_and(|rx| rx.same_channel(&self.sender.subscribe())) {
             map.remove(self.key);
         }
@@ -51,7 +52,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Coalescer<K, V> {
         let mut work = Some(work);
         loop {
             let role = {
-                let mut map = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+                let mut map = self.inflight.locked();
                 match map.get(&key) {
                     Some(rx) => Role::Follower(rx.clone()),
                     None => {

@@ -4,6 +4,7 @@
 
 mod coalesce;
 
+use crate::sync::RecoverRw;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
@@ -95,7 +96,7 @@ impl Service {
     }
 
     pub fn live(&self) -> Arc<Live> {
-        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.live.read_recovered().clone()
     }
 
     pub fn pending(&self) -> usize {
@@ -201,7 +202,7 @@ impl Service {
             added: next.registry.slots().iter().filter(|s| !old.registry.slots().iter().any(|o| Arc::ptr_eq(s, o))).map(|s| s.config.id.clone()).collect(),
             removed: retired.iter().map(|s| s.config.id.clone()).collect(),
         };
-        *self.live.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+        *self.live.write_recovered() = Arc::new(next);
         // In-flight requests keep their lease on a retired model and finish; its
         // memory goes when the last of them does.
         for slot in retired {

@@ -211,7 +211,8 @@ const PACK_TOKENS_CPU: usize = 128;
 unsafe impl Send for NcnnEngine {}
 
 /// Options: `precision` = "fp16" turns fp16 storage, packing and arithmetic on
-/// (off by default: seed 000), `forbidden_devices` = newline-separated names,
+/// (off by default: fp16 Q·K overflows in attention on old GPUs),
+/// `forbidden_devices` = newline-separated names,
 /// `pack_tokens` = tokens per packed run (1 runs each sequence alone).
 pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let library = spec.runtime_library.as_deref().ok_or_else(|| EngineError::Runtime("no ncnn shim configured".into()))?;
@@ -334,7 +335,7 @@ impl Drop for NcnnEngine {
         // SAFETY: the net is live and dropped once.
         unsafe { (self.shim.net_free)(self.net) };
         // The last Vulkan net takes the GPU instance with it, so the driver's
-        // memory goes back (seed 000 saw it held for the process's life), once
+        // memory goes back (otherwise it stays held for the process's life), once
         // no net has come for GPU_IDLE_RELEASE.
         if self.on_gpu && GPU_NETS.fetch_sub(1, Ordering::SeqCst) == 1 {
             release_gpu_when_idle(self.shim.clone());
