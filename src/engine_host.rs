@@ -168,18 +168,23 @@ impl HostedEngine {
             tracing::warn!(model = %self.hosted.model, "the engine process had exited ({}); starting it again", describe(status));
             self.process = None;
         }
-        if self.process.is_none() {
-            let (process, _) = spawn(&self.hosted, &mut self.buf)?;
-            self.process = Some(process);
-            self.restarts += 1;
-            metrics::counter!("eeane_engine_restarts_total", "model" => self.hosted.model.clone()).increment(1);
-        }
-        let process = self.process.as_mut().expect("started above");
+        let process = match &mut self.process {
+            Some(process) => process,
+            None => {
+                let (process, _) = spawn(&self.hosted, &mut self.buf)?;
+                self.restarts += 1;
+                metrics::counter!("eeane_engine_restarts_total", "model" => self.hosted.model.clone()).increment(1);
+                self.process.insert(process)
+            }
+        };
         let answer = write_frame(&mut process.input, batch).and_then(|()| read_frame::<Answer<Vec<Vec<f32>>>>(&mut process.output, &mut self.buf));
-        match answer {
-            Ok(answer) => answer,
-            Err(e) => {
-                let mut process = self.process.take().expect("running");
+        match (answer, self.process.take()) {
+            (Ok(answer), process) => {
+                self.process = process;
+                answer
+            }
+            (Err(_), None) => Err(EngineError::Inference(format!("the engine process of model {:?} is gone", self.hosted.model))),
+            (Err(e), Some(mut process)) => {
                 let pid = process.child.id();
                 let status = exit_status(&mut process.child, Duration::from_secs(2));
                 Err(EngineError::Inference(format!(
@@ -225,11 +230,11 @@ fn spawn(hosted: &HostedModel, buf: &mut Vec<u8>) -> Result<(Process, EngineInfo
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(started)?;
-    let mut process = Process {
-        input: BufWriter::new(child.stdin.take().expect("piped")),
-        output: BufReader::new(child.stdout.take().expect("piped")),
-        child,
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let _ = child.kill();
+        return Err(started(io::Error::other("its stdin or stdout is not a pipe")));
     };
+    let mut process = Process { input: BufWriter::new(stdin), output: BufReader::new(stdout), child };
     let answer = write_frame(&mut process.input, hosted).and_then(|()| read_frame::<Answer<EngineInfo>>(&mut process.output, buf));
     match answer {
         Ok(Ok(info)) => Ok((process, info)),

@@ -118,7 +118,11 @@ fn main() -> ExitCode {
     limit_malloc_arenas(matches!(cli.command, Command::EngineHost));
     let filter = || tracing_subscriber::EnvFilter::try_from_env("EEANE_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     match cli.log_format {
-        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).init(),
+        // Colours only for a terminal: a log redirected to a file or a journal stays plain text.
+        LogFormat::Text => {
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+            tracing_subscriber::fmt().with_env_filter(filter()).with_ansi(ansi).with_writer(std::io::stderr).init()
+        }
         LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter()).with_writer(std::io::stderr).init(),
     }
     if let Command::EngineHost = cli.command {

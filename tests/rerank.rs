@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::time::Duration;
 use common::{cache_dir, model_entry, run_reference, Server};
 use serde_json::{json, Value};
 
@@ -104,6 +105,9 @@ fn open_webui_and_infinity_requests_work() {
     assert_eq!(got["results"].as_array().unwrap().len(), documents.len());
     let (status, got) = server.post_raw("/v1/rerank", body, &[]);
     assert_eq!(status, 401, "{got}");
+    // The request log keeps the model a refused request asked for.
+    let logged = server.log_line(Duration::from_secs(5), |l| l.contains("status=401") && l.contains("model=minilm-reranker"));
+    assert!(logged.is_some(), "no 401 log line names the model:\n{}", server.stderr());
     // Infinity's client: /rerank with return_documents and raw_scores spelled out; Cohere-style {text} documents too.
     let infinity = json!({"model": "minilm-reranker", "query": query, "documents": documents, "return_documents": false, "raw_scores": false, "top_n": 3});
     let (status, got) = server.post_raw("/rerank", infinity.to_string().into_bytes(), &[("authorization", "Bearer s3cret")]);
@@ -141,6 +145,18 @@ fn bad_rerank_requests_get_the_error_json_and_the_server_keeps_serving() {
     assert!(got["error"]["message"].as_str().unwrap().contains("/v1/embeddings"), "names the right endpoint: {got}");
     let (_, got) = server.post("/v1/embeddings", &json!({"input": "x", "model": "minilm-reranker"}));
     assert!(got["error"]["message"].as_str().unwrap().contains("/v1/rerank"), "{got}");
+    // An unknown model's 404 lists the models that answer that route, and the
+    // request log keeps the name that was asked for.
+    let (_, got) = server.post("/v1/embeddings", &json!({"input": "x", "model": "no-such-embedder"}));
+    let listed = got["error"]["message"].as_str().unwrap();
+    assert!(listed.contains("embedder") && !listed.contains("minilm-reranker"), "{got}");
+    let (_, got) = server.post("/rerank", &json!({"query": "q", "documents": docs, "model": "no-such-reranker"}));
+    assert!(got["error"]["message"].as_str().unwrap().contains("minilm-reranker"), "{got}");
+    for name in ["no-such-embedder", "no-such-reranker"] {
+        let logged = server.log_line(Duration::from_secs(5), |l| l.contains("status=404") && l.contains(&format!("model={name}")));
+        assert!(logged.is_some(), "no 404 log line names {name}:\n{}", server.stderr());
+    }
+    assert!(!server.stderr().contains('\u{1b}'), "the log to a pipe carries ANSI colour codes");
     let (status, _) = server.post("/rerank", &json!({"query": "q", "documents": docs}));
     assert_eq!(status, 200, "still serving");
 }

@@ -434,8 +434,9 @@ fn deliver(active: &mut HashMap<u64, Active>, pool: &mut Pool, items: Vec<(u64, 
                 a.vectors[index] = vector;
                 a.left -= 1;
                 if a.left == 0 {
-                    let done = active.remove(&id).expect("active");
-                    let _ = done.job.reply.send(Ok(done.vectors));
+                    if let Some(done) = active.remove(&id) {
+                        let _ = done.job.reply.send(Ok(done.vectors));
+                    }
                 }
             }
         }

@@ -138,7 +138,8 @@ impl Pool {
             taken.entry(job).or_default().push(index);
         }
         for (job, indices) in taken {
-            let waiting = self.jobs.get_mut(&job).expect("planned from a waiting job");
+            // Planned from the waiting jobs just above, so it is there.
+            let Some(waiting) = self.jobs.get_mut(&job) else { continue };
             waiting.remaining.retain(|i| !indices.contains(i));
             waiting.last_served = self.tick;
         }

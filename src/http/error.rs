@@ -77,6 +77,8 @@ impl ApiError {
             format!("The model {name:?} does not exist. Servable models: {}", servable.join(", ")),
         )
         .with_param("model")
+        // The request log keeps the name that was asked for.
+        .with_model(name)
     }
 
     /// 408: the body stopped arriving for longer than server.body_read_timeout.

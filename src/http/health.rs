@@ -84,8 +84,10 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
                 }
             }
             // Flatten the status fields next to the others.
-            if let Some(Value::Object(status)) = entry.as_object_mut().and_then(|e| e.remove("status")) {
-                entry.as_object_mut().unwrap().extend(status);
+            if let Some(fields) = entry.as_object_mut() {
+                if let Some(Value::Object(status)) = fields.remove("status") {
+                    fields.extend(status);
+                }
             }
             entry
         })

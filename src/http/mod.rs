@@ -94,8 +94,28 @@ async fn require_api_key(State(app): State<AppState>, request: Request, next: Ne
     if bool::from(presented.as_bytes().ct_eq(key.as_bytes())) {
         next.run(request).await
     } else {
-        ApiError::unauthorized().into_response()
+        let refused = ApiError::unauthorized();
+        match requested_model(request).await {
+            Some(model) => refused.with_model(&model).into_response(),
+            None => refused.into_response(),
+        }
     }
+}
+
+/// The model a refused request asked for, for the request log: read from a
+/// small JSON body only (at most 64 KiB, as Content-Length declares it).
+async fn requested_model(request: Request) -> Option<String> {
+    const LIMIT: usize = 64 * 1024;
+    let declared: usize = request.headers().get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()?;
+    if declared > LIMIT {
+        return None;
+    }
+    #[derive(serde::Deserialize)]
+    struct Named {
+        model: Option<String>,
+    }
+    let body = axum::body::to_bytes(request.into_body(), LIMIT).await.ok()?;
+    serde_json::from_slice::<Named>(&body).ok()?.model
 }
 
 /// A request id for requests that bring no `X-Request-Id`: 16 random hex digits.

@@ -261,7 +261,7 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
     let slot = live
         .registry
         .find(request.model.as_deref())
-        .ok_or_else(|| ApiError::model_not_found(request.model.as_deref().unwrap_or(""), &live.registry.ids()))?;
+        .ok_or_else(|| ApiError::model_not_found(request.model.as_deref().unwrap_or(""), &live.registry.embedding_ids()))?;
     if slot.config.kind == crate::config::ModelKind::Reranker {
         return Err(ApiError::invalid_request("not_an_embedding_model", format!("{:?} is a reranker: use /v1/rerank", slot.config.id))
             .with_param("model")

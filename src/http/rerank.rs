@@ -154,7 +154,7 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
     let ParsedRerank { request, query, docs, top_n, keep_alive } = parse_rerank(&read_body(body)?, live.config.server.max_inputs)?;
     // Infinity's generated client sends "default/not-specified" when no model is set.
     let slot = match request.model.as_deref().filter(|name| *name != INFINITY_NO_MODEL) {
-        Some(name) => live.registry.find(Some(name)).ok_or_else(|| ApiError::model_not_found(name, &live.registry.ids()))?,
+        Some(name) => live.registry.find(Some(name)).ok_or_else(|| ApiError::model_not_found(name, &live.registry.reranking_ids()))?,
         None => live.registry.default_reranker().ok_or_else(|| {
             ApiError::invalid_request("no_rerank_model", "no model here reranks: add a kind = \"reranker\" entry, or rerank = true on an embedding entry")
                 .with_param("model")

@@ -83,6 +83,16 @@ impl Registry {
         self.slots.iter().map(|s| s.config.id.as_str()).collect()
     }
 
+    /// The models that answer embedding requests (a reranker does not).
+    pub fn embedding_ids(&self) -> Vec<&str> {
+        self.slots.iter().filter(|s| s.config.kind == crate::config::ModelKind::Embedding).map(|s| s.config.id.as_str()).collect()
+    }
+
+    /// The models that answer /rerank: rerankers, and embedding models with `rerank = true`.
+    pub fn reranking_ids(&self) -> Vec<&str> {
+        self.slots.iter().filter(|s| s.config.kind == crate::config::ModelKind::Reranker || s.config.rerank).map(|s| s.config.id.as_str()).collect()
+    }
+
     /// Slots of `self` that `next` does not carry over: removed or changed entries.
     pub fn retired_by(&self, next: &Registry) -> Vec<Arc<ModelSlot>> {
         self.slots.iter().filter(|s| !next.slots.iter().any(|n| Arc::ptr_eq(s, n))).cloned().collect()

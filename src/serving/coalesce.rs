@@ -49,8 +49,9 @@ impl<K: Hash + Eq + Clone, V: Clone> Coalescer<K, V> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = V>,
     {
-        let mut work = Some(work);
-        loop {
+        // Follow an identical request in flight; lead when there is none (or
+        // its leader went away without a result).
+        let tx = loop {
             let role = {
                 let mut map = self.inflight.locked();
                 match map.get(&key) {
@@ -74,15 +75,13 @@ impl<K: Hash + Eq + Clone, V: Clone> Coalescer<K, V> {
                         break; // the leader went away without a result: try again
                     }
                 },
-                Role::Leader(tx) => {
-                    let _entry = LeaderEntry { map: &self.inflight, key: &key, sender: &tx };
-                    let work = work.take().expect("a request leads at most once");
-                    let value = work().await;
-                    tx.send_replace(Some(value.clone()));
-                    return (value, false);
-                }
+                Role::Leader(tx) => break tx,
             }
-        }
+        };
+        let _entry = LeaderEntry { map: &self.inflight, key: &key, sender: &tx };
+        let value = work().await;
+        tx.send_replace(Some(value.clone()));
+        (value, false)
     }
 }
 

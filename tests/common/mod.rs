@@ -144,6 +144,21 @@ impl Server {
         (status, headers, response.json().unwrap_or(Value::Null))
     }
 
+    /// The log once a line satisfies `wanted` (the log reaches us a moment
+    /// after the response), or as it is after `limit`.
+    pub fn log_line(&self, limit: Duration, wanted: impl Fn(&str) -> bool) -> Option<String> {
+        let until = std::time::Instant::now() + limit;
+        loop {
+            if let Some(line) = self.stderr().lines().find(|l| wanted(l)) {
+                return Some(line.to_string());
+            }
+            if std::time::Instant::now() > until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
     }

@@ -144,7 +144,10 @@ fn vulkan_devices(path: &Path) -> Result<Vec<(String, &'static str)>, EngineErro
     Ok((0..count)
         .map(|i| {
             let mut buf = [0 as c_char; 256];
+            // SAFETY: buf is writable for its whole length, which the shim is told,
+            // and the shim writes at most that many bytes, NUL included.
             let kind = unsafe { (shim.gpu_info)(i, buf.as_mut_ptr(), buf.len() as c_int) };
+            // SAFETY: the shim NUL-terminates within buf (and buf starts zeroed).
             let name = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
             let kind = match kind {
                 0 => "discrete",
