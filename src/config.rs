@@ -811,6 +811,8 @@ mod isolation_tests {
 }
 
 #[cfg(test)]
+// figment::Jail's closures return figment::Error, figment's own (large) type.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
     use figment::Jail;

@@ -17,12 +17,15 @@ fn assert_error(status: u16, body: &Value, want_status: u16, want_code: &str, wa
     }
 }
 
+/// A bad request: what it is, its body, and the status, code and param it must get.
+type Case = (&'static str, Vec<u8>, u16, &'static str, Option<&'static str>);
+
 #[test]
 fn every_bad_request_is_a_clear_error_and_the_server_keeps_serving() {
     let server = Server::start(None, &[("EEANE_MAX_REQUEST_BYTES", "65536"), ("EEANE_ACCEPT_TOKEN_IDS", "true")]);
     let good = server.embed(json!("still serving"), json!({}));
 
-    let cases: Vec<(&str, Vec<u8>, u16, &str, Option<&str>)> = vec![
+    let cases: Vec<Case> = vec![
         ("malformed JSON", b"{\"input\": \"x\"".to_vec(), 400, "invalid_json", None),
         ("not JSON at all", b"input=hello".to_vec(), 400, "invalid_json", None),
         ("missing input", br#"{"model": "all-minilm-l6-v2"}"#.to_vec(), 400, "missing_input", Some("input")),

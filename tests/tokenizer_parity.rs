@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::{e5_dir, run_reference};
 use eeane::config::TokenIds;
@@ -17,7 +17,7 @@ fn corpus() -> Vec<String> {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn eeane_ids(model: &PathBuf, ids: TokenIds, max_tokens: usize, texts: &[String]) -> Vec<Vec<i64>> {
+fn eeane_ids(model: &Path, ids: TokenIds, max_tokens: usize, texts: &[String]) -> Vec<Vec<i64>> {
     let tokenizer = TextTokenizer::load(model, ids, Split::Truncate { max_tokens }).unwrap();
     let groups = tokenizer.encode(&Inputs::Texts(texts.to_vec())).unwrap();
     groups

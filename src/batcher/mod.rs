@@ -101,7 +101,7 @@ pub enum Launch {
 /// A device thread's engine, wherever it runs.
 enum Runner {
     Thread(Box<dyn Engine>),
-    Process(HostedEngine),
+    Process(Box<HostedEngine>),
 }
 
 impl Runner {
@@ -115,7 +115,7 @@ impl Runner {
                 pooling: pipeline.pooling,
                 normalize: pipeline.normalize,
             })
-            .map(Runner::Process),
+            .map(|hosted| Runner::Process(Box::new(hosted))),
         }
     }
 
@@ -358,10 +358,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
     let mut shutting_down = false;
     loop {
         let event = if !shutting_down && !idle.is_empty() && !pool.is_empty() {
-            match inbox.try_recv() {
-                Ok(event) => Some(event),
-                Err(_) => None,
-            }
+            inbox.try_recv().ok()
         } else if shutting_down && idle.len() == devices.len() {
             break;
         } else {

@@ -238,7 +238,7 @@ impl Pool {
                 items.push((id, i));
             }
         }
-        (!items.is_empty()).then(|| Planned { items, seq: longest })
+        (!items.is_empty()).then_some(Planned { items, seq: longest })
     }
 }
 

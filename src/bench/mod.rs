@@ -132,8 +132,16 @@ async fn in_process(label: &'static str, name: &'static str, config: &ModelConfi
     Ok((phase, result.tokens))
 }
 
+/// The server a phase over HTTP talks to, and the model it asks for.
+struct HttpTarget<'a> {
+    url: &'a str,
+    model: &'a str,
+    service: &'a Service,
+}
+
 /// Phases 2 and 3: `clients` tasks send `per_request` texts per request until the corpus is done.
-async fn over_http(label: &'static str, name: &'static str, url: &str, model: &str, texts: &Arc<Vec<String>>, per_request: usize, clients: usize, service: &Service, tokens: usize) -> Result<Phase, String> {
+async fn over_http(label: &'static str, name: &'static str, target: &HttpTarget<'_>, texts: &Arc<Vec<String>>, per_request: usize, clients: usize, tokens: usize) -> Result<Phase, String> {
+    let HttpTarget { url, model, service } = *target;
     let chunks: Arc<Vec<Vec<String>>> = Arc::new(texts.chunks(per_request).map(<[String]>::to_vec).collect());
     let next = Arc::new(AtomicUsize::new(0));
     let bar = progress(label, texts.len());
@@ -221,9 +229,10 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, String
 
     let (url, service, server) = serve_only(config, &model, options.batch).await?;
     let warm = Arc::new(texts[..texts.len().min(64)].to_vec());
-    over_http("warm-up", "warm-up", &url, &model.id, &warm, 8, 2, &service, 0).await?;
-    let bulk = over_http("2 server, bulk", "server over HTTP, bulk", &url, &model.id, &texts, options.batch, options.clients, &service, tokens).await?;
-    let single = over_http("3 server, one text per request", "server over HTTP, one text per request", &url, &model.id, &texts, 1, options.parallel, &service, tokens).await?;
+    let target = HttpTarget { url: &url, model: &model.id, service: &service };
+    over_http("warm-up", "warm-up", &target, &warm, 8, 2, 0).await?;
+    let bulk = over_http("2 server, bulk", "server over HTTP, bulk", &target, &texts, options.batch, options.clients, tokens).await?;
+    let single = over_http("3 server, one text per request", "server over HTTP, one text per request", &target, &texts, 1, options.parallel, tokens).await?;
     server.abort();
 
     let report = Report {

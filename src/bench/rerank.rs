@@ -67,8 +67,7 @@ pub async fn run(config: Config, options: &BenchOptions) -> Result<RerankReport,
             let (chunks, next, client, url, id) = (chunks.clone(), next.clone(), client.clone(), url.clone(), model.id.clone());
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
-                loop {
-                    let Some(chunk) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
+                while let Some(chunk) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let sent = Instant::now();
                     let body = json!({"model": id, "query": QUERY, "documents": chunk, "top_n": chunk.len()});
                     let response = client.post(&url).json(&body).send().await.map_err(|e| e.to_string())?;

@@ -18,8 +18,9 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub param: Option<String>,
-    /// Seconds for the Retry-After header (429 and 503).
-    pub retry_after: Option<u64>,
+    /// Seconds for the Retry-After header (429 and 503); u32 keeps the
+    /// error small enough to return by value.
+    pub retry_after: Option<u32>,
     /// The model the request was for, once known (per-model metrics and the log line).
     pub model: Option<String>,
 }
@@ -35,7 +36,7 @@ impl ApiError {
     }
 
     pub fn with_retry_after(mut self, seconds: u64) -> Self {
-        self.retry_after = Some(seconds);
+        self.retry_after = Some(u32::try_from(seconds).unwrap_or(u32::MAX));
         self
     }
 

@@ -122,7 +122,7 @@ mod tests {
     async fn followers_retry_when_the_leader_is_dropped() {
         let coalescer = Arc::new(Coalescer::<u32, u32>::default());
         let c = coalescer.clone();
-        let leader = tokio::spawn(async move { c.run(1, || std::future::pending::<u32>()).await });
+        let leader = tokio::spawn(async move { c.run(1, std::future::pending::<u32>).await });
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         let c = coalescer.clone();
         let follower = tokio::spawn(async move { c.run(1, || async { 5 }).await });

@@ -39,7 +39,7 @@ pub enum TokenizeError {
 }
 
 enum Backend {
-    Hf(hf::HfTokenizer),
+    Hf(Box<hf::HfTokenizer>),
     SentencePiece(sentencepiece::SpTokenizer),
 }
 
@@ -74,7 +74,7 @@ impl TextTokenizer {
         let backend = if path.extension().is_some_and(|e| e == "model") {
             Backend::SentencePiece(sentencepiece::SpTokenizer::from_file(path, ids)?)
         } else {
-            Backend::Hf(hf::HfTokenizer::from_file(path)?)
+            Backend::Hf(Box::new(hf::HfTokenizer::from_file(path)?))
         };
         let tokenizer = Self { backend, split };
         let specials = tokenizer.specials();
