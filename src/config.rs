@@ -12,8 +12,19 @@ use serde::{Deserialize, Serialize, Serializer};
 pub const DEFAULTS: &str = include_str!("../config/default.toml");
 
 /// `EEANE_<KEY>` sets `server.<key>` for these.
-const SHORT_SERVER_KEYS: &[&str] =
-    &["host", "port", "api_key", "max_inputs", "max_request_bytes", "keep_alive", "max_loaded_models", "max_pending_requests", "queue_timeout", "accept_token_ids", "max_connections"];
+const SHORT_SERVER_KEYS: &[&str] = &[
+    "host",
+    "port",
+    "api_key",
+    "max_inputs",
+    "max_request_bytes",
+    "keep_alive",
+    "max_loaded_models",
+    "max_pending_requests",
+    "queue_timeout",
+    "accept_token_ids",
+    "max_connections",
+];
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -559,7 +570,11 @@ impl Config {
             })
             .map(|key| {
                 let key = key.as_str().to_ascii_lowercase();
-                if SHORT_SERVER_KEYS.contains(&key.as_str()) { format!("server.{key}").into() } else { key.replace("__", ".").into() }
+                if SHORT_SERVER_KEYS.contains(&key.as_str()) {
+                    format!("server.{key}").into()
+                } else {
+                    key.replace("__", ".").into()
+                }
             });
         figment = figment.merge(env).merge(Serialized::defaults(cli).key("server"));
         let mut config: Config = figment.extract().map_err(Box::new)?;
@@ -645,7 +660,8 @@ impl Config {
                     // buckets every batch would be padded to max_tokens.
                     if m.engine == "openvino" && !set("buckets") {
                         m.buckets = length_ladder(m.max_tokens);
-                        let shown: Vec<String> = m.buckets.iter().map(|b| format!("{{ max_tokens = {}, max_batch = {} }}", b.max_tokens, b.max_batch)).collect();
+                        let shown: Vec<String> =
+                            m.buckets.iter().map(|b| format!("{{ max_tokens = {}, max_batch = {} }}", b.max_tokens, b.max_batch)).collect();
                         m.inferred.push((format!("buckets = [{}]", shown.join(", ")), "a length ladder, as OpenVINO compiles one shape per bucket".into()));
                     }
                     m.inferred.push((format!("commit = {:?}", resolved.commit), "the Hub (or the HF cache's refs)".into()));
@@ -706,10 +722,7 @@ impl Config {
                 return invalid(key("default_prompt_name"), format!("{name:?} is not one of its prompts"));
             }
             if !crate::engines::known(&m.engine) {
-                return invalid(
-                    key("engine"),
-                    format!("unknown engine {:?}; this build has: {}", m.engine, crate::engines::NAMES.join(", ")),
-                );
+                return invalid(key("engine"), format!("unknown engine {:?}; this build has: {}", m.engine, crate::engines::NAMES.join(", ")));
             }
             if m.max_tokens < 3 {
                 return invalid(key("max_tokens"), "must be at least 3".into());
@@ -774,10 +787,7 @@ impl Config {
                 return invalid("server.max_loaded_models".into(), "must be at least 1 (leave it unset for no limit)".into());
             }
             if resident > cap {
-                return invalid(
-                    "server.max_loaded_models".into(),
-                    format!("{resident} models are resident, more than max_loaded_models = {cap}"),
-                );
+                return invalid("server.max_loaded_models".into(), format!("{resident} models are resident, more than max_loaded_models = {cap}"));
             }
         }
         if self.models.iter().all(|m| m.policy(&self.server) == LoadPolicy::Disabled) {

@@ -223,13 +223,7 @@ fn spawn(hosted: &HostedModel, buf: &mut Vec<u8>) -> Result<(Process, EngineInfo
         use std::os::unix::process::CommandExt;
         command.arg0(std::env::args_os().next().unwrap_or_else(|| "eeane".into()));
     }
-    let mut child = command
-        .arg("engine-host")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(started)?;
+    let mut child = command.arg("engine-host").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().map_err(started)?;
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         let _ = child.kill();
         return Err(started(io::Error::other("its stdin or stdout is not a pipe")));

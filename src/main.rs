@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use eeane::bench::BenchOptions;
 use eeane::config::{find_file, CliOverrides, Config};
 use eeane::http::connections::ConnectionLimits;
 use eeane::http::{router, AppState};
-use eeane::bench::BenchOptions;
 use eeane::serving::Service;
 
 /// Exit status for a bad config or a model that fails its preflight.
@@ -129,10 +129,13 @@ fn main() -> ExitCode {
         return ExitCode::from(eeane::engine_host::serve_stdio());
     }
     // Engine processes log the way the server does (they inherit the environment).
-    std::env::set_var("EEANE_LOG_FORMAT", match cli.log_format {
-        LogFormat::Text => "text",
-        LogFormat::Json => "json",
-    });
+    std::env::set_var(
+        "EEANE_LOG_FORMAT",
+        match cli.log_format {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        },
+    );
     let overrides = || match &cli.command {
         Command::Serve { host, port } => CliOverrides { host: host.clone(), port: *port },
         _ => CliOverrides::default(),
@@ -169,11 +172,8 @@ fn main() -> ExitCode {
             };
         }
         Command::Pull { name: Some(name), download_only, index, .. } => {
-            let options = eeane::pull::PullOptions {
-                cache: cache(),
-                index: index.clone().unwrap_or_else(eeane::pull::default_index),
-                download_only: *download_only,
-            };
+            let options =
+                eeane::pull::PullOptions { cache: cache(), index: index.clone().unwrap_or_else(eeane::pull::default_index), download_only: *download_only };
             return match eeane::pull::pull(name, &options) {
                 Ok(snippet) => {
                     println!("# Serve it with this entry in eeane.toml ({{cache}} is {}):\n{snippet}", options.cache.display());
@@ -314,7 +314,12 @@ fn check_config(config: &Config) -> ExitCode {
         }
         for (what, path) in [("model", m.model.path()), ("tokenizer", m.tokenizer.path())] {
             if !path.exists() && m.source.is_some() {
-                eprintln!("eeane: models {:?}: {what} file {} will be fetched and prepared from {} at its first load (or `eeane pull --config FILE`)", m.id, path.display(), m.source.as_deref().unwrap_or(""));
+                eprintln!(
+                    "eeane: models {:?}: {what} file {} will be fetched and prepared from {} at its first load (or `eeane pull --config FILE`)",
+                    m.id,
+                    path.display(),
+                    m.source.as_deref().unwrap_or("")
+                );
             } else if !path.exists() {
                 eprintln!("eeane: warning: models {:?}: {what} file {} does not exist yet", m.id, path.display());
             }

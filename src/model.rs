@@ -74,15 +74,14 @@ impl LoadedModel {
         if let Some(source) = config.source.clone() {
             // A Hub model's weights come (and are prepared) at its first load.
             let (cache, downloads) = (server.cache_dir(), server.server.hub_downloads);
-            let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref()).map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
+            let target =
+                crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref()).map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
             blocking(&config.id, "Hub fetch", move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target))
                 .await?
                 .map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
         }
         let files = vec![config.model.path(), config.tokenizer.path()];
-        blocking(&config.id, "manifest check", move || crate::integrity::verify(&files))
-            .await?
-            .map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
+        blocking(&config.id, "manifest check", move || crate::integrity::verify(&files)).await?.map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
         let tokenizer = {
             let config = config.clone();
             blocking(&config.id.clone(), "tokenizer load", move || TextTokenizer::from_config(&config)).await??
@@ -96,8 +95,7 @@ impl LoadedModel {
             crate::config::Isolation::Process | crate::config::Isolation::Auto => Launch::Process { engine: config.engine.clone() },
         };
         let policy = batch_policy(config);
-        let mut options: std::collections::BTreeMap<String, String> =
-            config.precision.iter().map(|p| ("precision".to_string(), p.clone())).collect();
+        let mut options: std::collections::BTreeMap<String, String> = config.precision.iter().map(|p| ("precision".to_string(), p.clone())).collect();
         options.insert("spin".into(), config.spin.to_string());
         if let Some(n) = config.pack_tokens {
             options.insert("pack_tokens".into(), n.to_string());
@@ -158,8 +156,7 @@ impl LoadedModel {
     pub async fn embed(&self, inputs: Arc<Inputs>, deadline: Option<Instant>) -> Result<Embeddings, ModelError> {
         let tokenizer = self.tokenizer.clone();
         // Tokenizing thousands of texts takes milliseconds: keep it off the async workers.
-        let groups: Vec<Vec<Encoded>> =
-            blocking(&self.config.id, "tokenizer", move || tokenizer.encode(&inputs)).await??;
+        let groups: Vec<Vec<Encoded>> = blocking(&self.config.id, "tokenizer", move || tokenizer.encode(&inputs)).await??;
         let counts: Vec<usize> = groups.iter().map(Vec::len).collect();
         let seqs: Vec<Encoded> = groups.into_iter().flatten().collect();
         let tokens = seqs.iter().map(|s| s.ids.len()).sum();

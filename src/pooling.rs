@@ -70,13 +70,13 @@ pub fn truncate_dimensions(v: &mut Vec<f32>, dims: usize) {
 pub fn pool_output(output: EngineOutput, batch: &TokenBatch, pooling: Pooling, unit_length: bool, who: &str) -> Result<Vec<Vec<f32>>, EngineError> {
     let mut vectors: Vec<Vec<f32>> = match (output, pooling) {
         (EngineOutput::Pooled { data, dim, .. }, Pooling::None) => data.chunks_exact(dim).map(<[f32]>::to_vec).collect(),
-        (EngineOutput::Hidden { data, seq, dim, .. }, pooling) if pooling != Pooling::None => data
-            .chunks_exact(seq * dim)
-            .zip(&batch.lengths)
-            .map(|(states, &len)| pool(states, dim, len, pooling))
-            .collect(),
+        (EngineOutput::Hidden { data, seq, dim, .. }, pooling) if pooling != Pooling::None => {
+            data.chunks_exact(seq * dim).zip(&batch.lengths).map(|(states, &len)| pool(states, dim, len, pooling)).collect()
+        }
         (EngineOutput::Pooled { .. }, p) => {
-            return Err(EngineError::Model(format!("the graph returns pooled vectors, but the model is configured with pooling = {p:?}; use pooling = \"none\"")))
+            return Err(EngineError::Model(format!(
+                "the graph returns pooled vectors, but the model is configured with pooling = {p:?}; use pooling = \"none\""
+            )))
         }
         (EngineOutput::Hidden { .. }, _) => {
             return Err(EngineError::Model("the graph returns token states, but the model is configured with pooling = \"none\"".into()))

@@ -88,8 +88,7 @@ fn api_key_guards_everything_but_health() {
     let server = Server::start(None, &[("EEANE_API_KEY", "s3cret")]);
     let (status, body) = server.post("/v1/embeddings", &json!({"input": "a"}));
     assert_error(status, &body, 401, "invalid_api_key", None);
-    let (status, body) =
-        server.post_raw("/v1/embeddings", br#"{"input": "a"}"#.to_vec(), &[("authorization", "Bearer wrong")]);
+    let (status, body) = server.post_raw("/v1/embeddings", br#"{"input": "a"}"#.to_vec(), &[("authorization", "Bearer wrong")]);
     assert_error(status, &body, 401, "invalid_api_key", None);
     let (status, body) = server.get("/v1/models");
     assert_error(status, &body, 401, "invalid_api_key", None);
@@ -104,11 +103,7 @@ fn a_model_whose_output_is_not_finite_gets_a_500_naming_it_and_the_others_serve(
     let dir = tempfile::tempdir().unwrap();
     let graph = dir.path().join("nan.onnx");
     let python = std::env::var_os("EEANE_PYTHON").map(std::path::PathBuf::from).unwrap_or_else(|| common::cache_dir().join("venv/bin/python"));
-    let made = std::process::Command::new(python)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/reference/nan_model.py"))
-        .arg(&graph)
-        .status()
-        .unwrap();
+    let made = std::process::Command::new(python).arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/reference/nan_model.py")).arg(&graph).status().unwrap();
     assert!(made.success());
     let config = format!(
         "[[models]]\nid = \"nan-model\"\nengine = \"onnxruntime\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 64\nnormalize = false\n{}",

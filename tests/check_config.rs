@@ -35,7 +35,18 @@ fn the_example_file_is_valid_and_documents_every_key() {
             keys.extend(t.keys().map(|k| format!("{section}.{k}")));
         }
     }
-    for key in ["server.api_key", "server.max_loaded_models", "server.graceful_shutdown_timeout", "models.output", "models.precision", "models.load_policy", "models.keep_alive", "models.pad_to_multiple_of", "models.pack_tokens", "models.source"] {
+    for key in [
+        "server.api_key",
+        "server.max_loaded_models",
+        "server.graceful_shutdown_timeout",
+        "models.output",
+        "models.precision",
+        "models.load_policy",
+        "models.keep_alive",
+        "models.pad_to_multiple_of",
+        "models.pack_tokens",
+        "models.source",
+    ] {
         keys.push(key.into());
     }
     for key in keys {

@@ -73,10 +73,7 @@ fn three_models_one_slot_keep_alive_0_mixed_traffic() {
     let (done, failed) = clients.finish();
     let (_, health) = server.get("/health");
     let loads: u64 = health["models"].as_array().unwrap().iter().map(|m| m["counters"]["loads"].as_u64().unwrap()).sum();
-    println!(
-        "churn {seconds} s: {} requests, {} failed, {loads} loads; unloaded RSS every 10 s (KiB): {samples:?}",
-        done, failed
-    );
+    println!("churn {seconds} s: {} requests, {} failed, {loads} loads; unloaded RSS every 10 s (KiB): {samples:?}", done, failed);
     assert_eq!(failed, 0);
     assert!(loads >= 6, "the models should have loaded over and over, not {loads} times");
 }

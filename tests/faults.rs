@@ -225,11 +225,9 @@ fn kill_9(pid: u32) {
 /// again with its model's next batch, giving the same vectors.
 #[test]
 fn a_killed_engine_process_fails_only_its_batch_and_starts_again() {
-    let config = [
-        common::model_entry("victim", "all-minilm-l6-v2", "keep_alive = -1"),
-        common::model_entry("bystander", "all-minilm-l6-v2-int8", "keep_alive = -1"),
-    ]
-    .concat();
+    let config =
+        [common::model_entry("victim", "all-minilm-l6-v2", "keep_alive = -1"), common::model_entry("bystander", "all-minilm-l6-v2-int8", "keep_alive = -1")]
+            .concat();
     let server = Server::start(Some(&config), &[]);
     let texts = json!(["a killed engine", "starts again", "with the same vectors"]);
     let expected = server.embed(texts.clone(), json!({"model": "victim"}));
@@ -275,11 +273,8 @@ fn a_killed_engine_process_fails_only_its_batch_and_starts_again() {
 /// for bit, and no engine process.
 #[test]
 fn thread_isolation_serves_the_same_vectors_without_a_process() {
-    let config = [
-        common::model_entry("in-process", "all-minilm-l6-v2", "isolation = \"thread\""),
-        common::model_entry("in-child", "all-minilm-l6-v2", ""),
-    ]
-    .concat();
+    let config =
+        [common::model_entry("in-process", "all-minilm-l6-v2", "isolation = \"thread\""), common::model_entry("in-child", "all-minilm-l6-v2", "")].concat();
     let server = Server::start(Some(&config), &[]);
     let texts = json!(common::fixture_texts());
     let in_process = server.embed(texts.clone(), json!({"model": "in-process"}));

@@ -189,10 +189,14 @@ fn pull_fills_the_hf_cache_as_huggingface_hub_does() {
     // The official client, asked for the same files from the same look-alike.
     let theirs = tempfile::tempdir().unwrap();
     let patterns = serde_json::to_string(&ours_files).unwrap();
-    let code = format!(
-        "from huggingface_hub import snapshot_download\nprint(snapshot_download({MINILM:?}, allow_patterns={patterns}))"
-    );
-    let out = Command::new(python()).args(["-c", &code]).env("HF_HOME", theirs.path()).env("HF_ENDPOINT", &hub.endpoint).env("HF_HUB_DISABLE_TELEMETRY", "1").output().unwrap();
+    let code = format!("from huggingface_hub import snapshot_download\nprint(snapshot_download({MINILM:?}, allow_patterns={patterns}))");
+    let out = Command::new(python())
+        .args(["-c", &code])
+        .env("HF_HOME", theirs.path())
+        .env("HF_ENDPOINT", &hub.endpoint)
+        .env("HF_HUB_DISABLE_TELEMETRY", "1")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "huggingface_hub failed: {}", String::from_utf8_lossy(&out.stderr));
     let their_snapshot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     assert_eq!(their_snapshot.file_name().unwrap().to_string_lossy(), commit, "the same commit");
@@ -326,7 +330,13 @@ fn offline_a_model_huggingface_hub_fetched_is_used_as_it_is() {
     let snapshot = {
         let hub = LookAlike::start();
         let code = format!("from huggingface_hub import snapshot_download\nprint(snapshot_download({repo:?}))");
-        let out = Command::new(python()).args(["-c", &code]).env("HF_HOME", home.path()).env("HF_ENDPOINT", &hub.endpoint).env("HF_HUB_DISABLE_TELEMETRY", "1").output().unwrap();
+        let out = Command::new(python())
+            .args(["-c", &code])
+            .env("HF_HOME", home.path())
+            .env("HF_ENDPOINT", &hub.endpoint)
+            .env("HF_HUB_DISABLE_TELEMETRY", "1")
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
         // The look-alike stops here.
@@ -373,13 +383,20 @@ fn pulled_models_serve_what_the_repository_declares() {
         config += &pulled.stdout;
         config += "\n";
     }
-    assert!(config.contains("pooling = \"cls\"  # 1_Pooling/config.json") && config.contains("normalize = false  # modules.json (no Normalize module)"), "{config}");
+    assert!(
+        config.contains("pooling = \"cls\"  # 1_Pooling/config.json") && config.contains("normalize = false  # modules.json (no Normalize module)"),
+        "{config}"
+    );
     let refused = pull_with(&[], home.path(), &hub.endpoint, "hf:eeane-test/unsupported-arch", &[]);
     assert!(!refused.ok && refused.stderr.contains("LlamaForCausalLM") && refused.stderr.contains("optimum-cli export onnx"), "{}", refused.stderr);
-    assert!(!files_under(&repo_dir(home.path(), "eeane-test/unsupported-arch")).iter().any(|f| f.ends_with("safetensors")), "weights fetched for a refused model");
+    assert!(
+        !files_under(&repo_dir(home.path(), "eeane-test/unsupported-arch")).iter().any(|f| f.ends_with("safetensors")),
+        "weights fetched for a refused model"
+    );
 
     // The manifest records the commit and what was read from which file.
-    let manifest: Value = serde_json::from_slice(&std::fs::read(common::cache_dir().join("models/hf--eeane-test--minilm-cls-raw/manifest.json")).unwrap()).unwrap();
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(common::cache_dir().join("models/hf--eeane-test--minilm-cls-raw/manifest.json")).unwrap()).unwrap();
     assert!(manifest["source"]["hub"].as_str().unwrap().starts_with("hf:eeane-test/minilm-cls-raw@"), "{manifest}");
     assert_eq!(manifest["source"]["inferred"]["pooling"], serde_json::json!({"value": "cls", "from": "1_Pooling/config.json"}), "{manifest}");
     // The same prepared graph on OpenVINO (it reads ONNX itself).
@@ -488,7 +505,12 @@ fn source_entries_are_read_fetched_at_first_load_and_overridable() {
     let pulled = Command::new(env!("CARGO_BIN_EXE_eeane")).arg("pull").arg("--config").arg(&file).envs(env).env_remove("HF_TOKEN").output().unwrap();
     let said = String::from_utf8_lossy(&pulled.stderr);
     assert!(!pulled.status.success(), "{said}");
-    assert!(said.contains("first: hf:eeane-test/minilm-at-first-load ready") && said.contains("mean-as-cls: hf:") && said.contains("gated: eeane-test/gated-minilm is gated"), "{said}");
+    assert!(
+        said.contains("first: hf:eeane-test/minilm-at-first-load ready")
+            && said.contains("mean-as-cls: hf:")
+            && said.contains("gated: eeane-test/gated-minilm is gated"),
+        "{said}"
+    );
 }
 
 /// Prompts from config_sentence_transformers.json (or the entry): a request's
@@ -562,7 +584,8 @@ fn cross_encoders_are_served_on_rerank() {
             let reference = reference(&the_snapshot(home.path(), repo), &serde_json::json!({"query": query, "documents": documents}));
             let logits: Vec<f64> = common::f64s(&reference["logits"]);
             for raw in [false, true] {
-                let (status, response) = server.post("/v1/rerank", &serde_json::json!({"model": id, "query": query, "documents": documents, "raw_scores": raw}));
+                let (status, response) =
+                    server.post("/v1/rerank", &serde_json::json!({"model": id, "query": query, "documents": documents, "raw_scores": raw}));
                 assert_eq!(status, 200, "{response}");
                 let results = response["results"].as_array().unwrap();
                 if !raw && results[0]["index"] == 0 {
@@ -576,7 +599,10 @@ fn cross_encoders_are_served_on_rerank() {
                 }
             }
         }
-        println!("{repo}: max |score - reference| {:.2e} (sigmoid), {:.2e} (raw logits); relevant ranked first on {first_right} of 8 queries", worst.0, worst.1);
+        println!(
+            "{repo}: max |score - reference| {:.2e} (sigmoid), {:.2e} (raw logits); relevant ranked first on {first_right} of 8 queries",
+            worst.0, worst.1
+        );
         assert!(worst.0 <= 1e-4 && worst.1 <= 1e-4, "{repo}: {worst:?}");
     }
 }
@@ -593,8 +619,13 @@ fn an_xlm_roberta_with_prompts_is_built_from_safetensors() {
     unprepared("hf--eeane-test--multilingual-e5-small-enpt");
     let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);
     assert!(pulled.ok, "{}", pulled.stderr);
-    for line in ["pooling = \"mean\"  # 1_Pooling/config.json", "normalize = true", "max_tokens = 512  # sentence_bert_config.json",
-                 "prompts = { \"passage\" = \"passage: \", \"query\" = \"query: \" }", "XLMRobertaModel, graph built from model.safetensors"] {
+    for line in [
+        "pooling = \"mean\"  # 1_Pooling/config.json",
+        "normalize = true",
+        "max_tokens = 512  # sentence_bert_config.json",
+        "prompts = { \"passage\" = \"passage: \", \"query\" = \"query: \" }",
+        "XLMRobertaModel, graph built from model.safetensors",
+    ] {
         assert!(pulled.stdout.contains(line), "the entry does not say {line:?}:\n{}", pulled.stdout);
     }
     let config = format!("{}\n[[models]]\nid = \"openvino\"\nsource = \"hf:{repo}\"\nengine = \"openvino\"\ndevice = \"CPU\"\n", pulled.stdout);
@@ -611,7 +642,11 @@ fn an_xlm_roberta_with_prompts_is_built_from_safetensors() {
             }
             let (status, response) = server.post("/v1/embeddings", &body);
             assert_eq!(status, 200, "{model} {prompt:?}: {response}");
-            let worst = common::vectors(&response).iter().zip(reference["vectors"].as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min);
+            let worst = common::vectors(&response)
+                .iter()
+                .zip(reference["vectors"].as_array().unwrap())
+                .map(|(v, r)| common::cosine(v, &common::f64s(r)))
+                .fold(1.0f64, f64::min);
             println!("{model}, prompt {prompt:?}: {} texts, min cosine to the reference {worst:.8}", texts.len());
             assert!(worst >= 0.9999, "{model} {prompt:?}: min cosine {worst}");
             // usage counts the prompt's tokens: the same as sending the prefixed texts.
@@ -639,7 +674,9 @@ fn an_onnx_variant_is_served_only_within_0_9999_of_fp32() {
     let texts = common::fixture_texts();
     let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": "optimized", "input": texts}));
     assert_eq!(status, 200, "{response}");
-    let manifest: Value = serde_json::from_slice(&std::fs::read(common::cache_dir().join("models/hf--eeane-test--minilm-onnx-variants--model_O2/manifest.json")).unwrap()).unwrap();
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(common::cache_dir().join("models/hf--eeane-test--minilm-onnx-variants--model_O2/manifest.json")).unwrap())
+            .unwrap();
     let measured = manifest["checks"]["min_cosine_vs_fp32"].as_f64().unwrap();
     assert!(measured >= 0.9999, "{manifest}");
     let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": "int8", "input": "x"}));
@@ -647,7 +684,10 @@ fn an_onnx_variant_is_served_only_within_0_9999_of_fp32() {
     let message = response["error"]["message"].as_str().unwrap();
     assert!(message.contains("drifts from the fp32 graph (min cosine 0.99") && message.contains("< 0.9999"), "{message}");
     assert!(server.stderr().contains("drifts from the fp32 graph (min cosine 0.99"), "{}", server.stderr());
-    println!("optimized variant: min cosine {measured:.8} to fp32, served; int8 variant refused: {}", server.stderr().lines().find(|l| l.contains("drifts")).unwrap_or(""));
+    println!(
+        "optimized variant: min cosine {measured:.8} to fp32, served; int8 variant refused: {}",
+        server.stderr().lines().find(|l| l.contains("drifts")).unwrap_or("")
+    );
     assert!(!common::cache_dir().join("models/hf--eeane-test--minilm-onnx-variants--model_quantized/model.onnx").exists(), "the refused variant was kept");
 }
 
@@ -674,12 +714,19 @@ fn a_hub_model_converts_to_ncnn_from_the_same_graph() {
         let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": texts}));
         assert_eq!(status, 200, "{model}: {response}");
         // The weights are in the HF cache once the first model has loaded.
-        let reference = reference_vectors.get_or_insert_with(|| reference(&the_snapshot(home.path(), repo), &serde_json::json!({"texts": texts, "max_tokens": 512})));
-        let worst = common::vectors(&response).iter().zip(reference["vectors"].as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min);
+        let reference =
+            reference_vectors.get_or_insert_with(|| reference(&the_snapshot(home.path(), repo), &serde_json::json!({"texts": texts, "max_tokens": 512})));
+        let worst = common::vectors(&response)
+            .iter()
+            .zip(reference["vectors"].as_array().unwrap())
+            .map(|(v, r)| common::cosine(v, &common::f64s(r)))
+            .fold(1.0f64, f64::min);
         println!("ncnn {model}: {} texts, min cosine to the reference {worst:.8}", texts.len());
         assert!(worst >= 0.9999, "{model}: min cosine {worst}");
     }
-    let manifest: Value = serde_json::from_slice(&std::fs::read(common::cache_dir().join("models/hf--eeane-test--multilingual-e5-small-enpt--ncnn/manifest.json")).unwrap()).unwrap();
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(common::cache_dir().join("models/hf--eeane-test--multilingual-e5-small-enpt--ncnn/manifest.json")).unwrap())
+            .unwrap();
     assert!(manifest["source"]["hub"].as_str().unwrap().starts_with(&format!("hf:{repo}@")), "{manifest}");
     for (model, says) in [("ce", "cross-encoder"), ("variant", "onnx_file")] {
         let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": "x"}));
@@ -707,7 +754,8 @@ fn a_repository_is_prepared_once_by_a_server_and_a_pull_at_once() {
     });
     assert_eq!(status, 200, "{}", server.stderr());
     assert!(pulled.ok, "{}", pulled.stderr);
-    let fetched: Vec<String> = hub.log().iter().filter(|r| r["server"] == "storage" && r["method"] == "GET").map(|r| r["path"].as_str().unwrap().to_string()).collect();
+    let fetched: Vec<String> =
+        hub.log().iter().filter(|r| r["server"] == "storage" && r["method"] == "GET").map(|r| r["path"].as_str().unwrap().to_string()).collect();
     let mut distinct = fetched.clone();
     distinct.sort();
     distinct.dedup();

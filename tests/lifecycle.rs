@@ -171,12 +171,8 @@ fn resident_entries_beyond_the_cap_are_rejected_at_start_up() {
     );
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("c.toml"), config).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_eeane"))
-        .arg("--config")
-        .arg(dir.path().join("c.toml"))
-        .args(["serve", "--port", "0"])
-        .output()
-        .unwrap();
+    let out =
+        std::process::Command::new(env!("CARGO_BIN_EXE_eeane")).arg("--config").arg(dir.path().join("c.toml")).args(["serve", "--port", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_loaded_models"));
 }
@@ -377,7 +373,10 @@ fn memory_is_given_back_after_an_unload() {
     let (cold, loaded, after_first) = load_use_unload(&server, idle);
     println!(
         "first load: cold on-demand load to first answer {:.0} ms; RSS idle before any load {:.1} MiB, loaded {:.1} MiB, after unload {:.1} MiB",
-        cold.as_secs_f64() * 1e3, mib(idle), mib(loaded), mib(after_first)
+        cold.as_secs_f64() * 1e3,
+        mib(idle),
+        mib(loaded),
+        mib(after_first)
     );
     assert!(loaded > idle + 100 * 1024, "the loaded model should show in RSS: idle {idle} KiB, loaded {loaded} KiB");
     // The first load also pages in the runtime library's code and its one-time
@@ -387,7 +386,11 @@ fn memory_is_given_back_after_an_unload() {
         let (cold, loaded, after) = load_use_unload(&server, before);
         println!(
             "load {cycle}: cold load to first answer {:.0} ms; RSS before load {:.1} MiB, loaded {:.1} MiB, after unload {:.1} MiB ({:+.1} %)",
-            cold.as_secs_f64() * 1e3, mib(before), mib(loaded), mib(after), (after as f64 / before as f64 - 1.0) * 100.0
+            cold.as_secs_f64() * 1e3,
+            mib(before),
+            mib(loaded),
+            mib(after),
+            (after as f64 / before as f64 - 1.0) * 100.0
         );
         assert!(after as f64 <= before as f64 * 1.10, "unload {cycle} kept memory: before {before} KiB, after {after} KiB");
     }

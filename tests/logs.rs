@@ -20,7 +20,8 @@ fn request_ids_are_returned_and_each_request_is_one_json_log_line() {
     // The log line is written after the response: give it a moment.
     let lines = (0..50)
         .find_map(|_| {
-            let lines: Vec<Value> = server.stderr().lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|l| l["target"] == "eeane::request").collect();
+            let lines: Vec<Value> =
+                server.stderr().lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|l| l["target"] == "eeane::request").collect();
             if lines.len() >= 2 {
                 Some(lines)
             } else {

@@ -54,10 +54,15 @@ fn metrics_parse_and_move_with_traffic() {
     assert_eq!(value(&after, "eeane_http_requests_total", &[("route", "/v1/embeddings"), ("status", "200")]), 3.0);
     assert_eq!(value(&after, "eeane_http_requests_total", &[("route", "/v1/embeddings"), ("status", "400")]), 1.0);
     // The warm-up at load and the three requests each ran at least one batch.
-    let batches: f64 = after.samples.iter().filter(|s| s.metric == "eeane_batch_rows_count" && s.labels.get("model") == Some("m")).map(|s| match s.value {
-        prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) | prometheus_parse::Value::Gauge(v) => v,
-        _ => 0.0,
-    }).sum();
+    let batches: f64 = after
+        .samples
+        .iter()
+        .filter(|s| s.metric == "eeane_batch_rows_count" && s.labels.get("model") == Some("m"))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) | prometheus_parse::Value::Gauge(v) => v,
+            _ => 0.0,
+        })
+        .sum();
     assert!(batches >= 4.0, "batch histogram count {batches}");
     assert!(value(&after, "eeane_process_resident_bytes", &[]) > 1e6);
     assert_eq!(value(&after, "eeane_model_queued_sequences", &[("model", "m")]), 0.0);

@@ -52,12 +52,16 @@ fn ncnn_on_cpu_and_vulkan_by_name_matches_onnxruntime() {
         let got = common::vectors(&got);
         let worst = got.iter().zip(&want).map(|(g, w)| cosine(g, &as_f64(w))).fold(1.0f64, f64::min);
         let health = server.model_health(id);
-        println!("{id}: {} texts, min cosine to ONNX Runtime {worst:.8}; device {}, layers on the device {}", texts.len(), health["device"], health["accelerated_layers"]);
+        println!(
+            "{id}: {} texts, min cosine to ONNX Runtime {worst:.8}; device {}, layers on the device {}",
+            texts.len(),
+            health["device"],
+            health["accelerated_layers"]
+        );
         assert!(worst >= 0.9999, "{id}: min cosine {worst}");
         by_id.insert(id, got);
     }
-    let packed_vs_alone =
-        by_id["ncnn-vulkan"].iter().zip(&by_id["ncnn-vulkan-alone"]).map(|(p, a)| cosine(p, &as_f64(a))).fold(1.0f64, f64::min);
+    let packed_vs_alone = by_id["ncnn-vulkan"].iter().zip(&by_id["ncnn-vulkan-alone"]).map(|(p, a)| cosine(p, &as_f64(a))).fold(1.0f64, f64::min);
     println!("Vulkan, packed vs each sequence alone: min cosine {packed_vs_alone:.8}");
     assert!(packed_vs_alone >= 0.99999, "packing changed the vectors: min cosine {packed_vs_alone}");
     let devices = server.get("/health").1["devices"]["vulkan"].clone();

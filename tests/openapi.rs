@@ -29,12 +29,8 @@ fn the_document_is_openapi_3_and_lists_every_route() {
     let spec = oas3::from_json(&text).unwrap_or_else(|e| panic!("not a valid OpenAPI document: {e}"));
     assert!(spec.openapi.starts_with("3."), "{}", spec.openapi);
     let doc: Value = serde_json::from_str(&text).unwrap();
-    let mut listed: Vec<(String, String)> = doc["paths"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .flat_map(|(path, item)| item.as_object().unwrap().keys().map(move |m| (m.clone(), path.clone())))
-        .collect();
+    let mut listed: Vec<(String, String)> =
+        doc["paths"].as_object().unwrap().iter().flat_map(|(path, item)| item.as_object().unwrap().keys().map(move |m| (m.clone(), path.clone()))).collect();
     listed.sort();
     let mut routes: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
     routes.sort();

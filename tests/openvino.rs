@@ -88,7 +88,13 @@ fn openvino_matches_onnxruntime_per_text() {
     println!(
         "INT8 Q/DQ, {} texts: OpenVINO vs ONNX Runtime min {:.4} median {:.4}; OpenVINO INT8 vs fp32 min {:.4} median {:.4}; \
          ONNX Runtime INT8 vs fp32 min {:.4} median {:.4}",
-        texts.len(), vs_ort[0], vs_ort[vs_ort.len() / 2], vs_fp32[0], vs_fp32[vs_fp32.len() / 2], ort_vs_fp32[0], ort_vs_fp32[ort_vs_fp32.len() / 2]
+        texts.len(),
+        vs_ort[0],
+        vs_ort[vs_ort.len() / 2],
+        vs_fp32[0],
+        vs_fp32[vs_fp32.len() / 2],
+        ort_vs_fp32[0],
+        ort_vs_fp32[ort_vs_fp32.len() / 2]
     );
     assert!(vs_ort[0] > 0.98 && vs_fp32[0] > 0.98, "INT8 on OpenVINO drifts: {} / {}", vs_ort[0], vs_fp32[0]);
     let bf16 = cosines(&embed(&server, "e5-ov-bf16", &texts), &ort);
@@ -134,9 +140,8 @@ fn a_reload_after_unload_compiles_from_the_cache() {
     assert!(blobs > 0, "nothing was written to the compile cache {}", compiled.display());
     let (status, _) = server.post("/v1/embeddings", &json!({"model": "e5-ov", "input": "bye", "keep_alive": 0}));
     assert_eq!(status, 200);
-    server.wait_for_health("the unload", Duration::from_secs(10), |h| {
-        h["models"].as_array().unwrap().iter().any(|m| m["id"] == "e5-ov" && m["loaded"] == false)
-    });
+    server
+        .wait_for_health("the unload", Duration::from_secs(10), |h| h["models"].as_array().unwrap().iter().any(|m| m["id"] == "e5-ov" && m["loaded"] == false));
     let again = embed(&server, "e5-ov", &texts);
     let warm_ms = model_health(&server, "e5-ov")["load_ms"].as_u64().unwrap();
     assert_eq!(first, again, "the cached compile gives the same vectors");

@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::time::Duration;
 use common::{cache_dir, model_entry, run_reference, Server};
 use serde_json::{json, Value};
+use std::time::Duration;
 
 fn reranker_entry(extra: &str) -> String {
     let dir = cache_dir().join("models/minilm-reranker");

@@ -11,6 +11,15 @@ EEANE_EXTRA_MODELS="examples test-tools nginx" bash models/setup.sh
 # models with it: downloads checked by hash, runtimes installed (OpenVINO from
 # its wheel, ncnn built from its sdist, lavapipe), conversions checked.
 cargo test --release --workspace --locked --no-run 2>&1 | tail -n 1
+# Gates: formatting (rustfmt.toml) and clippy with warnings as errors; a
+# failure fails the run, after the tests have run too.
+gates=0
+if cargo fmt --all --check >/dev/null 2>&1; then echo "cargo fmt --check: clean"; else
+  cargo fmt --all --check 2>&1 | head -n 40; echo "cargo fmt --check: NOT clean (run cargo fmt --all)"; gates=1
+fi
+if lints=$(cargo clippy --release --workspace --all-targets --locked -q -- -D warnings 2>&1); then echo "cargo clippy -D warnings: clean"; else
+  echo "$lints" | head -n 60; echo "cargo clippy -D warnings: NOT clean"; gates=1
+fi
 for model in all-minilm-l6-v2-int8 e5-small-enpt e5-small-enpt-int8 e5-small-enpt-ov e5-small-enpt-int8-ov all-minilm-l6-v2-ncnn minilm-reranker; do
   target/release/eeane pull "$model" >/dev/null
 done
@@ -28,4 +37,5 @@ else
 fi
 # One closing line over all test binaries (cargo prints one per binary, the last often doc-tests with 0).
 awk '/^test result:/ { passed += $4; failed += $6 } END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"
+[ "$gates" = 0 ] || status=1
 exit "$status"

@@ -79,7 +79,11 @@ fn nginx(replicas: &[&str]) -> Nginx {
     let url = format!("http://127.0.0.1:{port}");
     let started = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(10), "nginx did not listen: {}", std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default());
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "nginx did not listen: {}",
+            std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     Nginx { child, url, _dir: dir }
@@ -110,12 +114,7 @@ fn load(url: &str, clients: usize, count: Option<u64>, stop: Arc<AtomicBool>) ->
                         break;
                     }
                     let texts: Vec<String> = (0..8).map(|k| format!("replica test {c} {i} {k}: fn parse(input: &str) -> Result<Ast, Error>")).collect();
-                    let status = client
-                        .post(format!("{url}/v1/embeddings"))
-                        .json(&json!({ "input": texts }))
-                        .send()
-                        .map(|r| r.status().as_u16())
-                        .unwrap_or(0);
+                    let status = client.post(format!("{url}/v1/embeddings")).json(&json!({ "input": texts })).send().map(|r| r.status().as_u16()).unwrap_or(0);
                     statuses.lock().unwrap().push(status);
                     i += 1;
                 }

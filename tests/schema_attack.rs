@@ -52,13 +52,7 @@ fn schemathesis_finds_no_5xx_and_no_undocumented_answer() {
     let server = Server::start(Some(&config), &[]);
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("openapi.json");
-    let document = reqwest::blocking::Client::new()
-        .get(format!("{}/openapi.json", server.url))
-        .bearer_auth(KEY)
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let document = reqwest::blocking::Client::new().get(format!("{}/openapi.json", server.url)).bearer_auth(KEY).send().unwrap().text().unwrap();
     std::fs::write(&spec, document).unwrap();
 
     for key in [Some(KEY), None] {

@@ -84,11 +84,19 @@ fn pooled_sentencepiece_models_match_python_truncated_windowed_and_int8() {
     }
 
     // Raw token ids give the text's vector.
-    let ids = run_reference("spm_reference.py", &json!({"mode": "ids", "model": e5_dir("e5-small-enpt").join("sentencepiece.model"), "convention": "raw", "max_tokens": 512, "texts": texts[..4]}));
-    let content: Vec<Vec<i64>> = ids["ids"].as_array().unwrap().iter().map(|s| {
-        let s: Vec<i64> = common::f64s(s).into_iter().map(|x| x as i64).collect();
-        s[1..s.len() - 1].to_vec()
-    }).collect();
+    let ids = run_reference(
+        "spm_reference.py",
+        &json!({"mode": "ids", "model": e5_dir("e5-small-enpt").join("sentencepiece.model"), "convention": "raw", "max_tokens": 512, "texts": texts[..4]}),
+    );
+    let content: Vec<Vec<i64>> = ids["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let s: Vec<i64> = common::f64s(s).into_iter().map(|x| x as i64).collect();
+            s[1..s.len() - 1].to_vec()
+        })
+        .collect();
     let (by_ids, _) = embed(&server, "e5-small-enpt", json!(content));
     assert_eq!(by_ids, fp32[..4].to_vec(), "token ids and text give different vectors");
 
@@ -112,7 +120,11 @@ fn pooled_sentencepiece_models_match_python_truncated_windowed_and_int8() {
     // Pooling a pooled graph again is refused with the fix named; the rest keeps serving.
     let (status, response) = server.post("/v1/embeddings", &json!({"model": "pooled-twice", "input": "x"}));
     assert_eq!(status, 503, "{response}");
-    assert!(response["error"]["message"].as_str().unwrap().contains("pooling = \\\"none\\\"") || response["error"]["message"].as_str().unwrap().contains("pooling = \"none\""), "{response}");
+    assert!(
+        response["error"]["message"].as_str().unwrap().contains("pooling = \\\"none\\\"")
+            || response["error"]["message"].as_str().unwrap().contains("pooling = \"none\""),
+        "{response}"
+    );
     let (again, _) = embed(&server, "e5-small-enpt", json!(texts[..4]));
     assert_eq!(again, fp32[..4].to_vec());
 }

@@ -55,7 +55,11 @@ impl Prober {
             while !flag.load(Ordering::Relaxed) {
                 for embed in [false, true] {
                     let started = Instant::now();
-                    let result = if embed { client.post(format!("{url}/v1/embeddings")).json(&json!({"input": "is anyone there?"})).send() } else { client.get(format!("{url}/health")).send() };
+                    let result = if embed {
+                        client.post(format!("{url}/v1/embeddings")).json(&json!({"input": "is anyone there?"})).send()
+                    } else {
+                        client.get(format!("{url}/health")).send()
+                    };
                     let took = started.elapsed();
                     slowest = slowest.max(took);
                     count += 1;
@@ -126,7 +130,10 @@ async fn read_answer(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
         answer.extend_from_slice(&buf[..n]);
         let text = String::from_utf8_lossy(&answer).to_string();
         if let Some(end) = text.find("\r\n\r\n") {
-            let length: usize = text[..end].lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).expect("content-length");
+            let length: usize = text[..end]
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                .expect("content-length");
             if answer.len() >= end + 4 + length {
                 return answer;
             }
@@ -225,7 +232,10 @@ fn stalled_connections_do_not_lock_users_out() {
              longest lived {longest:?} after stalling; server RSS {baseline} -> {peak_rss} KiB ({per_connection:.1} KiB per held connection); slowest ordinary answer {slowest:?}",
             stall.reason()
         );
-        assert!(*longest <= Duration::from_secs(TIMEOUT_S) + SLACK, "{stall:?}: a stalled connection lived {longest:?}, past the timeout ({TIMEOUT_S} s) plus {SLACK:?}");
+        assert!(
+            *longest <= Duration::from_secs(TIMEOUT_S) + SLACK,
+            "{stall:?}: a stalled connection lived {longest:?}, past the timeout ({TIMEOUT_S} s) plus {SLACK:?}"
+        );
         // Connections closed at the cap count until their task has run, so the
         // gauge can pass the cap briefly; the descriptors must stay clear of the limit.
         assert!(peak_fds < 1000, "{stall:?}: {peak_fds} files open, near the limit of 1,024");
@@ -290,7 +300,10 @@ fn stalled_writers(server: &Server) {
     println!(
         "stalled writers: {WRITERS} x 2,048 texts never read; answers computed in at most {computed:?}; cut by write_timeout {cut_after:?} after sending; {inferences} inferences; slowest ordinary answer {slowest:?}"
     );
-    assert!(cut_after <= computed + Duration::from_secs(TIMEOUT_S) + SLACK + Duration::from_millis(300), "cut {cut_after:?} after sending; computed in {computed:?}");
+    assert!(
+        cut_after <= computed + Duration::from_secs(TIMEOUT_S) + SLACK + Duration::from_millis(300),
+        "cut {cut_after:?} after sending; computed in {computed:?}"
+    );
     // The server closed them: reading now ends (after whatever was buffered).
     for mut socket in sockets {
         socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -311,7 +324,8 @@ fn honest_slow_body(server: &Server) {
     let address = server.url.trim_start_matches("http://").to_string();
     let mut stream = std::net::TcpStream::connect(&address).unwrap();
     let started = Instant::now();
-    write!(stream, "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).unwrap();
+    write!(stream, "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len())
+        .unwrap();
     for chunk in body.as_bytes().chunks(4096) {
         stream.write_all(chunk).unwrap();
         // 4 KiB every 62.5 ms: 64 KiB/s.

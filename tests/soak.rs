@@ -41,10 +41,8 @@ fn keep_alive_0_under_concurrent_load() {
         json!(common::fixture_texts()),
         json!({"dimensions": 64}),
     ];
-    let requests: Vec<Value> = requests
-        .into_iter()
-        .map(|r| if r.is_object() { json!({"input": "truncated", "dimensions": 64}) } else { json!({"input": r}) })
-        .collect();
+    let requests: Vec<Value> =
+        requests.into_iter().map(|r| if r.is_object() { json!({"input": "truncated", "dimensions": 64}) } else { json!({"input": r}) }).collect();
     // The expected answer to each request, from a first pass.
     let expected: Vec<Value> = requests.iter().map(|r| server.post("/v1/embeddings", r).1["data"].clone()).collect();
 
@@ -55,9 +53,7 @@ fn keep_alive_0_under_concurrent_load() {
     // Every 30 s: pause the clients, let the model unload, and sample RSS.
     let unloaded_rss = || {
         pause.store(true, Ordering::Relaxed);
-        server.wait_for_health("an idle, unloaded model", Duration::from_secs(60), |h| {
-            h["pending_requests"] == 0 && h["models"][0]["state"] == "unloaded"
-        });
+        server.wait_for_health("an idle, unloaded model", Duration::from_secs(60), |h| h["pending_requests"] == 0 && h["models"][0]["state"] == "unloaded");
         // The engine thread frees and trims after the slot reads "unloaded":
         // take the settled value, the least of three samples over a second.
         let rss = (0..3)

@@ -41,7 +41,8 @@ fn sentencepiece_ids_equal_python_in_both_conventions() {
     for (convention, file, ids) in [("raw", "sentencepiece.model", TokenIds::Raw), ("fairseq", "sentencepiece-xlmr.model", TokenIds::Fairseq)] {
         let model = dir.join(file);
         for max_tokens in [1_000_000, 128] {
-            let want = run_reference("spm_reference.py", &json!({"mode": "ids", "model": model, "convention": convention, "max_tokens": max_tokens, "texts": texts}));
+            let want =
+                run_reference("spm_reference.py", &json!({"mode": "ids", "model": model, "convention": convention, "max_tokens": max_tokens, "texts": texts}));
             let want: Vec<Vec<i64>> = want["ids"].as_array().unwrap().iter().map(|v| common::f64s(v).into_iter().map(|x| x as i64).collect()).collect();
             let got = eeane_ids(&model, ids, max_tokens, &texts);
             let differ: Vec<usize> = (0..texts.len()).filter(|&i| got[i] != want[i]).collect();

@@ -59,7 +59,11 @@ struct Job {
 enum Event {
     Job(Job),
     /// A device finished a batch: the vectors of `items`, in order.
-    Done { device: usize, items: Vec<(u64, usize)>, result: Result<Vec<Vec<f32>>, EngineError> },
+    Done {
+        device: usize,
+        items: Vec<(u64, usize)>,
+        result: Result<Vec<Vec<f32>>, EngineError>,
+    },
     /// The last handle went away: finish what runs, then drop the engines.
     Shutdown,
 }
@@ -557,10 +561,8 @@ mod tests {
     async fn vectors_come_back_in_input_order_across_batches() {
         let pipeline = two_per_batch();
         let worker = EngineWorker::start("echo", Launch::Thread(echo), EngineSpec::default(), pipeline).await.unwrap();
-        let seqs: Vec<Encoded> = [vec![4, 4, 4, 4], vec![2], vec![6, 8], vec![10, 10, 10]]
-            .into_iter()
-            .map(|ids| Encoded { type_ids: vec![0; ids.len()], ids })
-            .collect();
+        let seqs: Vec<Encoded> =
+            [vec![4, 4, 4, 4], vec![2], vec![6, 8], vec![10, 10, 10]].into_iter().map(|ids| Encoded { type_ids: vec![0; ids.len()], ids }).collect();
         let got = worker.embed(seqs, None).await.unwrap();
         assert_eq!(got, vec![vec![4.0, 1.0], vec![2.0, 1.0], vec![7.0, 1.0], vec![10.0, 1.0]]);
     }

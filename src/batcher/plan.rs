@@ -152,9 +152,7 @@ impl Pool {
         // A request that has waited STARVATION_LIMIT batches anchors the next one,
         // on its shortest waiting sequence; otherwise the fullest, least padded
         // batch of any bucket goes first.
-        let starving = waiting
-            .filter(|(_, j)| self.tick.saturating_sub(j.last_served) >= STARVATION_LIMIT)
-            .min_by_key(|(_, j)| (j.last_served, j.arrival));
+        let starving = waiting.filter(|(_, j)| self.tick.saturating_sub(j.last_served) >= STARVATION_LIMIT).min_by_key(|(_, j)| (j.last_served, j.arrival));
         let mut best: Option<Window> = None;
         match starving {
             Some((&id, job)) => {
@@ -279,10 +277,8 @@ mod tests {
         let mut pool = Pool::default();
         let lens = vec![3, 60, 10, 17, 5];
         pool.add(1, lens.clone(), Order::Sorted);
-        let mut batches: Vec<(Vec<usize>, usize)> = drain(&mut pool, &p)
-            .into_iter()
-            .map(|b| (b.items.iter().map(|&(_, i)| lens[i]).collect(), b.seq))
-            .collect();
+        let mut batches: Vec<(Vec<usize>, usize)> =
+            drain(&mut pool, &p).into_iter().map(|b| (b.items.iter().map(|&(_, i)| lens[i]).collect(), b.seq)).collect();
         batches.sort();
         // 17 and 60 share a bucket, but together they would waste 43 tokens of padding:
         // each runs alone, rounded up to a multiple of 8.

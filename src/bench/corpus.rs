@@ -8,17 +8,70 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 const NOUNS: &[&str] = &[
-    "user", "order", "config", "token", "buffer", "request", "response", "session", "cache", "index", "vector", "model",
-    "file", "path", "record", "batch", "queue", "worker", "client", "server", "message", "event", "handler", "schema",
-    "table", "column", "query", "result", "error", "stream", "chunk", "document", "embedding", "tokenizer", "account",
+    "user",
+    "order",
+    "config",
+    "token",
+    "buffer",
+    "request",
+    "response",
+    "session",
+    "cache",
+    "index",
+    "vector",
+    "model",
+    "file",
+    "path",
+    "record",
+    "batch",
+    "queue",
+    "worker",
+    "client",
+    "server",
+    "message",
+    "event",
+    "handler",
+    "schema",
+    "table",
+    "column",
+    "query",
+    "result",
+    "error",
+    "stream",
+    "chunk",
+    "document",
+    "embedding",
+    "tokenizer",
+    "account",
 ];
 const VERBS: &[&str] = &[
-    "load", "parse", "validate", "compute", "fetch", "update", "create", "delete", "normalize", "encode", "decode",
-    "merge", "split", "flush", "retry", "resolve", "render", "serialize", "filter", "sort", "build", "open", "close",
+    "load",
+    "parse",
+    "validate",
+    "compute",
+    "fetch",
+    "update",
+    "create",
+    "delete",
+    "normalize",
+    "encode",
+    "decode",
+    "merge",
+    "split",
+    "flush",
+    "retry",
+    "resolve",
+    "render",
+    "serialize",
+    "filter",
+    "sort",
+    "build",
+    "open",
+    "close",
 ];
 const ADJECTIVES: &[&str] = &[
-    "empty", "invalid", "cached", "pending", "sorted", "unique", "remote", "local", "optional", "default", "stale",
-    "partial", "nested", "large", "small", "new", "raw", "encoded", "active", "expired",
+    "empty", "invalid", "cached", "pending", "sorted", "unique", "remote", "local", "optional", "default", "stale", "partial", "nested", "large", "small",
+    "new", "raw", "encoded", "active", "expired",
 ];
 const TYPES: &[&str] = &["str", "int", "float", "bool", "bytes", "list[str]", "dict[str, int]", "Path", "Optional[str]"];
 const RUST_TYPES: &[&str] = &["&str", "usize", "u64", "f32", "bool", "Vec<u8>", "&[f32]", "Option<String>", "PathBuf"];
@@ -97,7 +150,14 @@ fn signature(rng: &mut ChaCha8Rng) -> String {
 }
 
 fn commit(rng: &mut ChaCha8Rng) -> String {
-    format!("{} {} {} in {}: {}", capitalize(pick(rng, &["fix", "add", "remove", "refactor", "speed up"])), pick(rng, ADJECTIVES), pick(rng, NOUNS), ident(rng), sentence(rng))
+    format!(
+        "{} {} {} in {}: {}",
+        capitalize(pick(rng, &["fix", "add", "remove", "refactor", "speed up"])),
+        pick(rng, ADJECTIVES),
+        pick(rng, NOUNS),
+        ident(rng),
+        sentence(rng)
+    )
 }
 
 fn prose(rng: &mut ChaCha8Rng) -> String {

@@ -140,7 +140,15 @@ struct HttpTarget<'a> {
 }
 
 /// Phases 2 and 3: `clients` tasks send `per_request` texts per request until the corpus is done.
-async fn over_http(label: &'static str, name: &'static str, target: &HttpTarget<'_>, texts: &Arc<Vec<String>>, per_request: usize, clients: usize, tokens: usize) -> Result<Phase, String> {
+async fn over_http(
+    label: &'static str,
+    name: &'static str,
+    target: &HttpTarget<'_>,
+    texts: &Arc<Vec<String>>,
+    per_request: usize,
+    clients: usize,
+    tokens: usize,
+) -> Result<Phase, String> {
     let HttpTarget { url, model, service } = *target;
     let chunks: Arc<Vec<Vec<String>>> = Arc::new(texts.chunks(per_request).map(<[String]>::to_vec).collect());
     let next = Arc::new(AtomicUsize::new(0));
@@ -200,7 +208,11 @@ async fn over_http(label: &'static str, name: &'static str, target: &HttpTarget<
 /// The server, in this process, serving only `model` (resident, batches of
 /// `batch`), on a free loopback port; coalescing off so that repeated corpus
 /// texts are not answered for free. Returns its base URL, service and task.
-async fn serve_only(mut config: Config, model: &ModelConfig, batch: usize) -> Result<(String, Arc<Service>, tokio::task::JoinHandle<std::io::Result<()>>), String> {
+async fn serve_only(
+    mut config: Config,
+    model: &ModelConfig,
+    batch: usize,
+) -> Result<(String, Arc<Service>, tokio::task::JoinHandle<std::io::Result<()>>), String> {
     config.models = vec![ModelConfig { load_policy: Some(LoadPolicy::Resident), max_batch: batch, ..model.clone() }];
     config.server.coalesce_requests = false;
     config.server.api_key = None;
@@ -267,7 +279,12 @@ pub fn table(report: &Report, options: &BenchOptions) -> String {
         };
         out += &format!(
             "| {number} | {name} | {:.1} | {:.0} | {} | {} | {:.1} % | {} |\n",
-            phase.texts_per_s, phase.tokens_per_s, ms(phase.p50_ms), ms(phase.p99_ms), phase.padding * 100.0, phase.engine_batches
+            phase.texts_per_s,
+            phase.tokens_per_s,
+            ms(phase.p50_ms),
+            ms(phase.p99_ms),
+            phase.padding * 100.0,
+            phase.engine_batches
         );
     }
     out += &format!(

@@ -39,7 +39,12 @@ fn inputs(model: &ModelConfig, documents: Vec<String>) -> Inputs {
 pub async fn run(config: Config, options: &BenchOptions) -> Result<RerankReport, String> {
     let model = match &options.model {
         Some(name) => config.models.iter().find(|m| m.names().any(|n| n == name)).ok_or_else(|| format!("no model {name:?} in the config"))?,
-        None => config.models.iter().find(|m| m.kind == ModelKind::Reranker).or_else(|| config.models.iter().find(|m| m.rerank)).ok_or("no rerank model in the config")?,
+        None => config
+            .models
+            .iter()
+            .find(|m| m.kind == ModelKind::Reranker)
+            .or_else(|| config.models.iter().find(|m| m.rerank))
+            .ok_or("no rerank model in the config")?,
     }
     .clone();
     if model.kind != ModelKind::Reranker && !model.rerank {
@@ -106,7 +111,15 @@ pub fn table(r: &RerankReport, options: &BenchOptions) -> String {
         "rerank: model {} ({}), {} documents against one query\n\n| phase | documents/s | p50 ms | p99 ms |\n| --- | ---: | ---: | ---: |\n\
          | model in-process (one job) | {:.1} | - | - |\n| server /rerank ({} documents/request, {} clients) | {:.1} | {} | {} |\n\n\
          server / in-process: {:.2}\n",
-        r.model, r.kind, r.documents, r.in_process_docs_per_s, options.batch, options.clients, r.server_docs_per_s, ms(r.server_p50_ms), ms(r.server_p99_ms),
+        r.model,
+        r.kind,
+        r.documents,
+        r.in_process_docs_per_s,
+        options.batch,
+        options.clients,
+        r.server_docs_per_s,
+        ms(r.server_p50_ms),
+        ms(r.server_p99_ms),
         r.server_over_in_process
     )
 }

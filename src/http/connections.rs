@@ -443,9 +443,11 @@ async fn accept_failed(e: io::Error) {
 /// the socket takes it at once (nothing is read or waited for), then close.
 fn refuse(stream: TcpStream) {
     metrics::counter!("eeane_http_connections_refused_total").increment(1);
-    const BODY: &str =
-        r#"{"error":{"message":"The server has as many connections open as it allows (server.max_connections); retry shortly","type":"server_error","param":null,"code":"too_many_connections"}}"#;
-    let response = format!("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{BODY}", BODY.len());
+    const BODY: &str = r#"{"error":{"message":"The server has as many connections open as it allows (server.max_connections); retry shortly","type":"server_error","param":null,"code":"too_many_connections"}}"#;
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
     let _ = stream.try_write(response.as_bytes());
 }
 
@@ -599,7 +601,13 @@ mod tests {
     async fn clocks_follow_the_phase() {
         let table = Arc::new(table());
         let connection = table.admit(1, 10).unwrap();
-        let limits = ConnectionLimits { header_read: Some(Duration::from_secs(10)), body_read: None, idle: Some(Duration::from_secs(75)), write: None, max_connections: 10 };
+        let limits = ConnectionLimits {
+            header_read: Some(Duration::from_secs(10)),
+            body_read: None,
+            idle: Some(Duration::from_secs(75)),
+            write: None,
+            max_connections: 10,
+        };
         // New: the head's clock runs from the accept.
         assert_eq!(table.deadline(&connection, &limits).unwrap().1, Closed::HeadTimeout);
         let request = InService::enter(&table, &connection);

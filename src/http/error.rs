@@ -163,9 +163,7 @@ impl From<ServeError> for ApiError {
     fn from(e: ServeError) -> Self {
         match e {
             ServeError::Model(e) => ApiError::from(&*e),
-            ServeError::Acquire(e @ AcquireError::LoadFailed(_)) => {
-                ApiError::model_unavailable(e.to_string()).with_retry_after(RETRY_AFTER_UNAVAILABLE)
-            }
+            ServeError::Acquire(e @ AcquireError::LoadFailed(_)) => ApiError::model_unavailable(e.to_string()).with_retry_after(RETRY_AFTER_UNAVAILABLE),
             ServeError::Acquire(e @ AcquireError::NoRoom(_)) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "no_room", e.to_string()).with_retry_after(1)
             }
@@ -183,12 +181,11 @@ impl From<&ModelError> for ApiError {
         match e {
             ModelError::QueueTimeout => queue_timeout(e.to_string()),
             ModelError::Panicked { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", e.to_string()),
-            ModelError::Tokenize(e @ TokenizeError::OutOfVocabulary { input, position, .. }) => {
-                ApiError::unprocessable("token_id_out_of_vocabulary", format!(
-                    "{e}. Token ids must come from this model's own tokenizer (not tiktoken; LangChain users: set check_embedding_ctx_length=False)"
-                ))
-                .with_param(format!("input[{input}][{position}]"))
-            }
+            ModelError::Tokenize(e @ TokenizeError::OutOfVocabulary { input, position, .. }) => ApiError::unprocessable(
+                "token_id_out_of_vocabulary",
+                format!("{e}. Token ids must come from this model's own tokenizer (not tiktoken; LangChain users: set check_embedding_ctx_length=False)"),
+            )
+            .with_param(format!("input[{input}][{position}]")),
             ModelError::Tokenize(e @ TokenizeError::Tokenizer(_)) => ApiError::invalid_request("tokenization_failed", e.to_string()).with_param("input"),
             ModelError::Tokenize(e @ TokenizeError::QueryTooLong { .. }) => ApiError::invalid_request("query_too_long", e.to_string()).with_param("query"),
             ModelError::Engine(e @ EngineError::Inference(_)) => ApiError::engine_failed(e.to_string()),

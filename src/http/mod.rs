@@ -36,10 +36,7 @@ pub fn router(state: AppState) -> Router {
     // The metrics recorder first: handles taken before it exists record nothing.
     metrics::handle();
     // Every endpoint answers with and without the /v1 prefix.
-    let api = Router::new()
-        .route("/embeddings", post(openai::embeddings))
-        .route("/rerank", post(rerank::rerank))
-        .route("/models", get(openai::models));
+    let api = Router::new().route("/embeddings", post(openai::embeddings)).route("/rerank", post(rerank::rerank)).route("/models", get(openai::models));
     Router::new()
         .merge(api.clone())
         .nest("/v1", api)
@@ -85,12 +82,7 @@ async fn require_api_key(State(app): State<AppState>, request: Request, next: Ne
     if request.method() == Method::GET && live.config.server.metrics_public && matches!(request.uri().path(), "/metrics" | "/v1/metrics") {
         return next.run(request).await;
     }
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+    let presented = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
     if bool::from(presented.as_bytes().ct_eq(key.as_bytes())) {
         next.run(request).await
     } else {

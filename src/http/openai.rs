@@ -52,7 +52,11 @@ pub struct EmbeddingsRequest {
 pub fn apply_prompt(inputs: Inputs, model: &crate::config::ModelConfig, prompt_name: Option<&str>) -> Result<Inputs, ApiError> {
     let prompt = match prompt_name {
         Some(name) => Some(model.prompts.get(name).ok_or_else(|| {
-            let known = if model.prompts.is_empty() { "it has none".to_string() } else { format!("its prompts: {}", model.prompts.keys().cloned().collect::<Vec<_>>().join(", ")) };
+            let known = if model.prompts.is_empty() {
+                "it has none".to_string()
+            } else {
+                format!("its prompts: {}", model.prompts.keys().cloned().collect::<Vec<_>>().join(", "))
+            };
             ApiError::invalid_request("unknown_prompt", format!("model {:?} has no prompt {name:?}; {known}", model.id)).with_param("prompt_name")
         })?),
         None => model.default_prompt_name.as_ref().and_then(|name| model.prompts.get(name)),
@@ -60,7 +64,8 @@ pub fn apply_prompt(inputs: Inputs, model: &crate::config::ModelConfig, prompt_n
     match (inputs, prompt) {
         (Inputs::Texts(texts), Some(prompt)) => Ok(Inputs::Texts(texts.into_iter().map(|t| format!("{prompt}{t}")).collect())),
         (Inputs::TokenIds(_), Some(_)) if prompt_name.is_some() => {
-            Err(ApiError::invalid_request("prompt_with_token_ids", "prompt_name applies to text input; token ids are taken as they are").with_param("prompt_name"))
+            Err(ApiError::invalid_request("prompt_with_token_ids", "prompt_name applies to text input; token ids are taken as they are")
+                .with_param("prompt_name"))
         }
         (inputs, _) => Ok(inputs),
     }
@@ -139,28 +144,34 @@ fn token_id() -> ObjectBuilder {
 }
 
 fn input_schema() -> Schema {
-    Schema::OneOf(OneOfBuilder::new()
-        .item(non_empty_string())
-        .item(ArrayBuilder::new().items(non_empty_string()).min_items(Some(1)))
-        .item(ArrayBuilder::new().items(token_id()).min_items(Some(1)))
-        .item(ArrayBuilder::new().items(ArrayBuilder::new().items(token_id()).min_items(Some(1))).min_items(Some(1)))
-        .build())
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(non_empty_string())
+            .item(ArrayBuilder::new().items(non_empty_string()).min_items(Some(1)))
+            .item(ArrayBuilder::new().items(token_id()).min_items(Some(1)))
+            .item(ArrayBuilder::new().items(ArrayBuilder::new().items(token_id()).min_items(Some(1))).min_items(Some(1)))
+            .build(),
+    )
 }
 
 /// Seconds, or a duration string ("30s", "5m", "-1").
 pub fn keep_alive_schema() -> Schema {
-    Schema::OneOf(OneOfBuilder::new()
-        .item(ObjectBuilder::new().schema_type(Type::Number))
-        .item(ObjectBuilder::new().schema_type(Type::String).pattern(Some(r"^-?[0-9]{1,9}(\.[0-9]{1,9})?$|^-?[0-9]{1,9}(ms|s|m|h|d)$")))
-        .item(ObjectBuilder::new().schema_type(Type::Null))
-        .build())
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(Type::Number))
+            .item(ObjectBuilder::new().schema_type(Type::String).pattern(Some(r"^-?[0-9]{1,9}(\.[0-9]{1,9})?$|^-?[0-9]{1,9}(ms|s|m|h|d)$")))
+            .item(ObjectBuilder::new().schema_type(Type::Null))
+            .build(),
+    )
 }
 
 const INPUT_SHAPES: &str = "input must be a string, an array of strings, an array of token ids, or an array of token-id arrays";
 
 /// Turns the `input` value into texts or token-id lists, rejecting empty and mixed inputs.
 pub fn parse_input(input: Option<Value>, max_inputs: usize) -> Result<Inputs, ApiError> {
-    let empty = |param: String| ApiError::invalid_request("empty_input", format!("{param} is empty; every input needs at least one character or token")).with_param(param);
+    let empty = |param: String| {
+        ApiError::invalid_request("empty_input", format!("{param} is empty; every input needs at least one character or token")).with_param(param)
+    };
     let items = match input {
         None | Some(Value::Null) => return Err(ApiError::invalid_request("missing_input", "input is required").with_param("input")),
         Some(Value::String(s)) if s.is_empty() => return Err(empty("input".into())),
@@ -220,7 +231,11 @@ pub fn parse_keep_alive(value: Option<Value>) -> Result<Option<KeepAlive>, ApiEr
             Err(_) => {
                 let (negative, text) = s.trim().strip_prefix('-').map_or((false, s.trim()), |rest| (true, rest));
                 let d = humantime::parse_duration(text).map_err(|_| invalid())?.as_secs_f64();
-                if negative { -d } else { d }
+                if negative {
+                    -d
+                } else {
+                    d
+                }
             }
         },
         Some(_) => return Err(invalid()),
@@ -323,12 +338,7 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
         })
         .collect();
     let summary = super::RequestSummary { model: slot.config.id.clone(), inputs: data.len(), tokens };
-    let response = EmbeddingsResponse {
-        object: "list",
-        data,
-        model: slot.config.id.clone(),
-        usage: Usage { prompt_tokens: tokens, total_tokens: tokens },
-    };
+    let response = EmbeddingsResponse { object: "list", data, model: slot.config.id.clone(), usage: Usage { prompt_tokens: tokens, total_tokens: tokens } };
     Ok((axum::Extension(summary), Json(response)))
 }
 

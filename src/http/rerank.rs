@@ -44,10 +44,7 @@ pub struct RerankRequest {
 fn documents_schema() -> utoipa::openapi::schema::Array {
     use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
     let text = || ObjectBuilder::new().schema_type(Type::String).min_length(Some(1));
-    ArrayBuilder::new()
-        .items(OneOfBuilder::new().item(text()).item(ObjectBuilder::new().property("text", text()).required("text")))
-        .min_items(Some(1))
-        .build()
+    ArrayBuilder::new().items(OneOfBuilder::new().item(text()).item(ObjectBuilder::new().property("text", text()).required("text"))).min_items(Some(1)).build()
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -106,7 +103,8 @@ fn documents(values: Option<Vec<Value>>, max: usize) -> Result<Vec<String>, ApiE
             Value::String(s) if !s.is_empty() => Ok(s),
             Value::Object(mut o) => match o.remove("text") {
                 Some(Value::String(s)) if !s.is_empty() => Ok(s),
-                _ => Err(ApiError::invalid_request("empty_document", format!("documents[{i}].text must be a non-empty string")).with_param(format!("documents[{i}]"))),
+                _ => Err(ApiError::invalid_request("empty_document", format!("documents[{i}].text must be a non-empty string"))
+                    .with_param(format!("documents[{i}]"))),
             },
             Value::String(_) => Err(ApiError::invalid_request("empty_document", format!("documents[{i}] is empty")).with_param(format!("documents[{i}]"))),
             _ => Err(ApiError::unprocessable("invalid_type", format!("documents[{i}] must be a string or an object with a text field"))
@@ -176,11 +174,7 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
     // The documents move into the inputs; a copy is kept only to return them.
     let count = docs.len();
     let returned = request.return_documents.then(|| docs.clone());
-    let inputs = if cross_encoder {
-        Inputs::Pairs { query, documents: docs }
-    } else {
-        Inputs::Texts(std::iter::once(query).chain(docs).collect())
-    };
+    let inputs = if cross_encoder { Inputs::Pairs { query, documents: docs } } else { Inputs::Texts(std::iter::once(query).chain(docs).collect()) };
     let result = app.service.embed(&live, slot, inputs, keep_alive, live.deadline()).await.map_err(|e| {
         let mut error = ApiError::from(e);
         // Pairs and texts are tokenized as "input"; here they are the documents.
@@ -190,10 +184,15 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
         error.with_model(&slot.config.id)
     })?;
     let scores: Vec<f64> = if cross_encoder {
-        result.vectors.iter().map(|v| v.first().copied().unwrap_or(f32::NAN) as f64).map(|x| match (request.raw_scores, slot.config.score_activation) {
-            (false, ScoreActivation::Sigmoid) => sigmoid(x),
-            _ => x,
-        }).collect()
+        result
+            .vectors
+            .iter()
+            .map(|v| v.first().copied().unwrap_or(f32::NAN) as f64)
+            .map(|x| match (request.raw_scores, slot.config.score_activation) {
+                (false, ScoreActivation::Sigmoid) => sigmoid(x),
+                _ => x,
+            })
+            .collect()
     } else {
         result.vectors[1..].iter().map(|d| cosine(&result.vectors[0], d)).collect()
     };

@@ -29,9 +29,7 @@ struct IndexFile {
 pub fn progress_bar(file: &str, total: u64) -> ProgressBar {
     let bar = ProgressBar::new(total);
     bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .expect("template parses")
-            .progress_chars("=> "),
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").expect("template parses").progress_chars("=> "),
     );
     bar.set_message(file.to_string());
     bar
@@ -92,21 +90,14 @@ async fn file_url(client: &reqwest::Client, index: &str, wheel: &Wheel) -> Resul
         return Err(format!("the package index answered {} for {page_url}", response.status()));
     }
     let page: ProjectPage = response.json().await.map_err(|e| format!("{page_url} is not a PEP 691 JSON project page: {e}"))?;
-    let file = page
-        .files
-        .into_iter()
-        .find(|f| f.filename == wheel.filename)
-        .ok_or_else(|| format!("{page_url} does not list {}", wheel.filename))?;
+    let file = page.files.into_iter().find(|f| f.filename == wheel.filename).ok_or_else(|| format!("{page_url} does not list {}", wheel.filename))?;
     if let Some(listed) = file.hashes.get("sha256") {
         if *listed != wheel.sha256 {
             return Err(format!("the index lists sha256 {listed} for {}, not the pinned {}; refusing it", wheel.filename, wheel.sha256));
         }
     }
     // A relative URL is relative to the project page.
-    Ok(reqwest::Url::parse(&page_url)
-        .and_then(|base| base.join(&file.url))
-        .map(String::from)
-        .unwrap_or(file.url))
+    Ok(reqwest::Url::parse(&page_url).and_then(|base| base.join(&file.url)).map(String::from).unwrap_or(file.url))
 }
 
 async fn fetch_to(client: &reqwest::Client, url: &str, wheel: &Wheel, partial: &Path) -> Result<u64, String> {

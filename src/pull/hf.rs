@@ -108,7 +108,8 @@ pub struct Resolved {
 }
 
 fn dir_name(repo: &RepoRef, target: &Target) -> String {
-    let variant = target.onnx_file.as_ref().map(|f| format!("--{}", f.trim_start_matches("onnx/").trim_end_matches(".onnx").replace('/', "-"))).unwrap_or_default();
+    let variant =
+        target.onnx_file.as_ref().map(|f| format!("--{}", f.trim_start_matches("onnx/").trim_end_matches(".onnx").replace('/', "-"))).unwrap_or_default();
     let ncnn = if target.ncnn { "--ncnn" } else { "" };
     format!("hf--{}{variant}{ncnn}", repo.repo.replace('/', "--"))
 }
@@ -151,7 +152,12 @@ pub fn resolve(source: &str, downloads: bool, target: &Target) -> Result<Resolve
         }
         None if hub.offline => {
             let why = if downloads { "HF_HUB_OFFLINE is set" } else { "server.hub_downloads = false" };
-            return Err(format!("{}@{} is not in the HF cache ({}) and {why}; run `eeane pull {source}` where the Hub is reachable", repo.repo, repo.revision, hub.cache.display()));
+            return Err(format!(
+                "{}@{} is not in the HF cache ({}) and {why}; run `eeane pull {source}` where the Hub is reachable",
+                repo.repo,
+                repo.revision,
+                hub.cache.display()
+            ));
         }
         None => {
             let (hub, repo) = (hub, repo.clone());
@@ -239,7 +245,12 @@ fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Targe
         return Err(format!("{} has no {file} at {}", repo.repo, snapshot.commit));
     }
     if model.onnx.is_none() && !snapshot.dir.join("model.safetensors").is_file() {
-        return Err(format!("{} has no model.safetensors at {} (eeane builds {} graphs from it)", repo.repo, snapshot.commit, if target.ncnn { "ncnn" } else { "ONNX" }));
+        return Err(format!(
+            "{} has no model.safetensors at {} (eeane builds {} graphs from it)",
+            repo.repo,
+            snapshot.commit,
+            if target.ncnn { "ncnn" } else { "ONNX" }
+        ));
     }
     eprintln!(
         "{}@{}: commit {}, {:.1} MiB downloaded, in {}",
@@ -255,7 +266,16 @@ fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Targe
     let dir_name = dir_name(&repo, target);
     let pinned = format!("hf:{}@{}", repo.repo, snapshot.commit);
     let settings = model.settings().to_string();
-    let mut args = vec!["--hf-snapshot".into(), snapshot.dir.display().to_string(), "--name".into(), dir_name.clone(), "--source".into(), pinned, "--settings".into(), settings];
+    let mut args = vec![
+        "--hf-snapshot".into(),
+        snapshot.dir.display().to_string(),
+        "--name".into(),
+        dir_name.clone(),
+        "--source".into(),
+        pinned,
+        "--settings".into(),
+        settings,
+    ];
     if let Some(file) = &target.onnx_file {
         args.extend(["--onnx-file".to_string(), file.clone()]);
     }
@@ -307,10 +327,24 @@ mod tests {
     #[test]
     fn picks_configs_tokenizer_modules_and_one_set_of_weights() {
         let st = [
-            ".gitattributes", "1_Pooling/config.json", "README.md", "config.json", "config_sentence_transformers.json",
-            "model.safetensors", "modules.json", "pytorch_model.bin", "sentence_bert_config.json", "special_tokens_map.json",
-            "tokenizer.json", "tokenizer_config.json", "vocab.txt", "tf_model.h5", "openvino/openvino_model.xml",
-            "onnx/model_O4.onnx", "2_Dense/config.json", "2_Dense/model.safetensors",
+            ".gitattributes",
+            "1_Pooling/config.json",
+            "README.md",
+            "config.json",
+            "config_sentence_transformers.json",
+            "model.safetensors",
+            "modules.json",
+            "pytorch_model.bin",
+            "sentence_bert_config.json",
+            "special_tokens_map.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "vocab.txt",
+            "tf_model.h5",
+            "openvino/openvino_model.xml",
+            "onnx/model_O4.onnx",
+            "2_Dense/config.json",
+            "2_Dense/model.safetensors",
         ];
         let chosen = select_files(&st, &Target::default());
         for f in ["1_Pooling/config.json", "config.json", "model.safetensors", "modules.json", "tokenizer.json", "vocab.txt", "2_Dense/model.safetensors"] {

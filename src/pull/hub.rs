@@ -167,9 +167,9 @@ impl Hub {
     /// whatever the cache has.
     pub async fn snapshot(&self, repo: &RepoRef, select: impl FnOnce(&[&str]) -> Vec<String>, progress: &dyn Progress) -> Result<Snapshot, String> {
         if self.offline {
-            let commit = self.cached_commit(repo).ok_or_else(|| {
-                format!("{}@{} is not in the HF cache ({}) and HF_HUB_OFFLINE is set", repo.repo, repo.revision, self.cache.display())
-            })?;
+            let commit = self
+                .cached_commit(repo)
+                .ok_or_else(|| format!("{}@{} is not in the HF cache ({}) and HF_HUB_OFFLINE is set", repo.repo, repo.revision, self.cache.display()))?;
             return Ok(Snapshot { dir: self.snapshot_dir(repo, &commit), commit, fetched_bytes: 0 });
         }
         let info = self.info(repo).await?;
@@ -232,7 +232,8 @@ impl Hub {
                 let next = reqwest::Url::parse(&url).and_then(|base| base.join(location)).map_err(|e| format!("a bad redirect for {file}: {e}"))?;
                 // The token stays with the Hub's own host.
                 let hub = reqwest::Url::parse(&self.endpoint).ok();
-                send_token = send_token && hub.is_some_and(|hub| hub.host_str() == next.host_str() && hub.port_or_known_default() == next.port_or_known_default());
+                send_token =
+                    send_token && hub.is_some_and(|hub| hub.host_str() == next.host_str() && hub.port_or_known_default() == next.port_or_known_default());
                 url = next.to_string();
                 continue;
             }

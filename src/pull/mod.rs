@@ -25,17 +25,13 @@ pub struct PullOptions {
 }
 
 pub fn default_index() -> String {
-    std::env::var("EEANE_PYPI_INDEX")
-        .or_else(|_| std::env::var("PIP_INDEX_URL"))
-        .unwrap_or_else(|_| "https://pypi.org/simple".into())
+    std::env::var("EEANE_PYPI_INDEX").or_else(|_| std::env::var("PIP_INDEX_URL")).unwrap_or_else(|_| "https://pypi.org/simple".into())
 }
 
 /// Fetches and prepares `name`, returning the `[[models]]` entry to print.
 pub fn pull(name: &str, options: &PullOptions) -> Result<String, String> {
     let catalog = Catalog::builtin();
-    let model = catalog
-        .model(name)
-        .ok_or_else(|| format!("no known model {name:?}; `eeane pull --list` shows them: {}", catalog.names().join(", ")))?;
+    let model = catalog.model(name).ok_or_else(|| format!("no known model {name:?}; `eeane pull --list` shows them: {}", catalog.names().join(", ")))?;
     let downloads = options.cache.join("downloads");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let client = reqwest::Client::builder()
@@ -145,8 +141,7 @@ pub fn cached_models(cache: &Path) -> Vec<CachedModel> {
         .filter(|e| e.path().is_dir())
         .map(|e| {
             let dir = e.path();
-            let manifest: Option<serde_json::Value> =
-                std::fs::read(dir.join("manifest.json")).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+            let manifest: Option<serde_json::Value> = std::fs::read(dir.join("manifest.json")).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
             let complete = manifest.as_ref().and_then(|m| m["files"].as_object()).is_some_and(|files| files.keys().all(|f| dir.join(f).is_file()));
             let source = manifest.as_ref().map(|m| {
                 let s = &m["source"];

@@ -116,11 +116,19 @@ impl StModel {
                     ("lasttoken", "pooling_mode_lasttoken", "last_token"),
                     ("mean_sqrt_len_tokens", "pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
                 ];
-                let unserved = |what: String| format!("{repo}: pooling {what} ({file}) is not one eeane serves (cls, mean, max, lasttoken, mean_sqrt_len_tokens, one at a time)");
+                let unserved = |what: String| {
+                    format!("{repo}: pooling {what} ({file}) is not one eeane serves (cls, mean, max, lasttoken, mean_sqrt_len_tokens, one at a time)")
+                };
                 let chosen = match mode.as_deref() {
                     Some(name) => MODES.iter().find(|(m, _, _)| *m == name).map(|(_, _, ours)| *ours).ok_or_else(|| unserved(format!("{name:?}")))?,
                     None => {
-                        let set: Vec<&str> = pooling.as_object().into_iter().flatten().filter(|(k, v)| k.starts_with("pooling_mode") && v.as_bool() == Some(true)).map(|(k, _)| k.as_str()).collect();
+                        let set: Vec<&str> = pooling
+                            .as_object()
+                            .into_iter()
+                            .flatten()
+                            .filter(|(k, v)| k.starts_with("pooling_mode") && v.as_bool() == Some(true))
+                            .map(|(k, _)| k.as_str())
+                            .collect();
                         match MODES.iter().find(|(_, flag, _)| set == [*flag]) {
                             Some((_, _, ours)) => *ours,
                             None => return Err(unserved(format!("{set:?}"))),
@@ -157,7 +165,8 @@ impl StModel {
             .and_then(|s| s["prompts"].as_object())
             .map(|p| p.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
             .unwrap_or_default();
-        let default_prompt_name = st.as_ref().and_then(|s| s["default_prompt_name"].as_str()).map(|n| inferred(n.to_string(), "config_sentence_transformers.json"));
+        let default_prompt_name =
+            st.as_ref().and_then(|s| s["default_prompt_name"].as_str()).map(|n| inferred(n.to_string(), "config_sentence_transformers.json"));
         Ok(StModel {
             architecture,
             pooling,
@@ -312,25 +321,40 @@ mod tests {
         assert!(e.contains("LlamaForCausalLM") && e.contains("BertModel") && e.contains("optimum-cli export onnx --model org/llm"), "{e}");
         let dense = repo(&[("config.json", BERT), ("modules.json", r#"[{"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#)]);
         assert!(StModel::read(dense.path(), "org/d", false).unwrap_err().contains("Dense"));
-        let two = repo(&[("config.json", BERT), ("modules.json", MODULES), ("1_Pooling/config.json", r#"{"pooling_mode_max_tokens": true, "pooling_mode_mean_tokens": true}"#)]);
+        let two = repo(&[
+            ("config.json", BERT),
+            ("modules.json", MODULES),
+            ("1_Pooling/config.json", r#"{"pooling_mode_max_tokens": true, "pooling_mode_mean_tokens": true}"#),
+        ]);
         assert!(StModel::read(two.path(), "org/x", false).unwrap_err().contains("pooling_mode_max_tokens"));
         let weighted = repo(&[("config.json", BERT), ("modules.json", MODULES), ("1_Pooling/config.json", r#"{"pooling_mode": "weightedmean"}"#)]);
         assert!(StModel::read(weighted.path(), "org/w", false).unwrap_err().contains("weightedmean"));
-        for (file, ours) in [(r#"{"pooling_mode_max_tokens": true}"#, "max"), (r#"{"pooling_mode": "lasttoken"}"#, "last_token"), (r#"{"pooling_mode_mean_sqrt_len_tokens": true, "pooling_mode_cls_token": false}"#, "mean_sqrt_len")] {
+        for (file, ours) in [
+            (r#"{"pooling_mode_max_tokens": true}"#, "max"),
+            (r#"{"pooling_mode": "lasttoken"}"#, "last_token"),
+            (r#"{"pooling_mode_mean_sqrt_len_tokens": true, "pooling_mode_cls_token": false}"#, "mean_sqrt_len"),
+        ] {
             let dir = repo(&[("config.json", BERT), ("modules.json", MODULES), ("1_Pooling/config.json", file)]);
             assert_eq!(StModel::read(dir.path(), "org/p", false).unwrap().pooling.value, ours, "{file}");
         }
         let two_labels = repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "no", "1": "yes"}}"#)]);
         assert!(StModel::read(two_labels.path(), "org/nli", false).unwrap_err().contains("2 labels"));
-        let one_label = repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}, "max_position_embeddings": 512}"#)]);
+        let one_label =
+            repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}, "max_position_embeddings": 512}"#)]);
         let ce = StModel::read(one_label.path(), "org/ce", false).unwrap();
         assert!(ce.reranker && ce.pooling.value == "none" && !ce.normalize.value);
         assert_eq!(ce.score_activation.unwrap().value, "sigmoid");
-        let identity = repo(&[("config.json", r#"{"architectures": ["XLMRobertaForSequenceClassification"], "model_type": "xlm-roberta", "id2label": {"0": "LABEL_0"},
-            "max_position_embeddings": 514, "pad_token_id": 1, "sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}"#)]);
+        let identity = repo(&[(
+            "config.json",
+            r#"{"architectures": ["XLMRobertaForSequenceClassification"], "model_type": "xlm-roberta", "id2label": {"0": "LABEL_0"},
+            "max_position_embeddings": 514, "pad_token_id": 1, "sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}"#,
+        )]);
         let ce = StModel::read(identity.path(), "org/xce", false).unwrap();
         assert_eq!((ce.score_activation.unwrap().value, ce.max_tokens.value), ("identity", 512));
-        let tanh = repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "L"}, "sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"}"#)]);
+        let tanh = repo(&[(
+            "config.json",
+            r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "L"}, "sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"}"#,
+        )]);
         assert!(StModel::read(tanh.path(), "org/t", false).unwrap_err().contains("Tanh"));
         // Any architecture with its own ONNX.
         let onnx = repo(&[("config.json", r#"{"architectures": ["NewModel"]}"#), ("onnx/model.onnx", "x")]);

@@ -73,10 +73,7 @@ impl Registry {
     /// The model /rerank uses when the request names none: the first
     /// reranker, else the first embedding model with `rerank = true`.
     pub fn default_reranker(&self) -> Option<&Arc<ModelSlot>> {
-        self.slots
-            .iter()
-            .find(|s| s.config.kind == crate::config::ModelKind::Reranker)
-            .or_else(|| self.slots.iter().find(|s| s.config.rerank))
+        self.slots.iter().find(|s| s.config.kind == crate::config::ModelKind::Reranker).or_else(|| self.slots.iter().find(|s| s.config.rerank))
     }
 
     pub fn ids(&self) -> Vec<&str> {

@@ -38,8 +38,7 @@ pub struct Live {
 impl Live {
     fn new(config: Config, previous: Option<&Registry>) -> Self {
         let registry = Registry::new(&config, previous);
-        let health_limiter =
-            NonZeroU32::new(config.server.health_rate_limit).map(|per_minute| RateLimiter::keyed(Quota::per_minute(per_minute)));
+        let health_limiter = NonZeroU32::new(config.server.health_rate_limit).map(|per_minute| RateLimiter::keyed(Quota::per_minute(per_minute)));
         Self { config: Arc::new(config), registry, health_limiter }
     }
 
@@ -191,10 +190,10 @@ impl Service {
         }
         let next = Live::new(config, Some(&old.registry));
         for slot in next.registry.slots().iter().filter(|s| s.policy == LoadPolicy::Resident) {
-            next.registry.acquire(slot, &next.config, None).await.map_err(|e| ConfigError::Invalid {
-                key: format!("models (id {:?})", slot.config.id),
-                message: e.to_string(),
-            })?;
+            next.registry
+                .acquire(slot, &next.config, None)
+                .await
+                .map_err(|e| ConfigError::Invalid { key: format!("models (id {:?})", slot.config.id), message: e.to_string() })?;
         }
         let retired = old.registry.retired_by(&next.registry);
         let summary = ReloadSummary {

@@ -56,10 +56,7 @@ impl HfTokenizer {
     }
 
     fn encoding(&self, content: &[u32], type_id: u32) -> Encoding {
-        let tokens = content
-            .iter()
-            .map(|&id| Token::new(id, self.inner.id_to_token(id).unwrap_or_default(), (0, 0)))
-            .collect();
+        let tokens = content.iter().map(|&id| Token::new(id, self.inner.id_to_token(id).unwrap_or_default(), (0, 0))).collect();
         Encoding::from_tokens(tokens, type_id)
     }
 
@@ -76,9 +73,6 @@ impl HfTokenizer {
 
     fn post_process(&self, first: Encoding, second: Option<Encoding>) -> Result<Encoded, TokenizeError> {
         let encoding = self.inner.post_process(first, second, true).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
-        Ok(Encoded {
-            ids: encoding.get_ids().iter().map(|&i| i as i64).collect(),
-            type_ids: encoding.get_type_ids().iter().map(|&i| i as i64).collect(),
-        })
+        Ok(Encoded { ids: encoding.get_ids().iter().map(|&i| i as i64).collect(), type_ids: encoding.get_type_ids().iter().map(|&i| i as i64).collect() })
     }
 }

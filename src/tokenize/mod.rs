@@ -18,7 +18,10 @@ pub enum Inputs {
     TokenIds(Vec<Vec<i64>>),
     /// A query and documents, each document joined to the query as one pair
     /// (a cross-encoder's input).
-    Pairs { query: String, documents: Vec<String> },
+    Pairs {
+        query: String,
+        documents: Vec<String>,
+    },
 }
 
 /// One sequence ready for an engine.
@@ -151,10 +154,7 @@ impl TextTokenizer {
                     let content = ids
                         .iter()
                         .enumerate()
-                        .map(|(position, &id)| {
-                            self.check_id(id)
-                                .ok_or(TokenizeError::OutOfVocabulary { input, position, id, vocab_size: self.vocab_size() })
-                        })
+                        .map(|(position, &id)| self.check_id(id).ok_or(TokenizeError::OutOfVocabulary { input, position, id, vocab_size: self.vocab_size() }))
                         .collect::<Result<Vec<_>, _>>()?;
                     self.split(&content)
                 })
@@ -205,9 +205,7 @@ impl TextTokenizer {
         let specials = self.specials();
         match self.split {
             Split::Truncate { max_tokens } => Ok(vec![self.wrap(&content[..content.len().min(max_tokens - specials)])?]),
-            Split::Window { window, stride } => {
-                window_ranges(content.len(), window - specials, stride).into_iter().map(|r| self.wrap(&content[r])).collect()
-            }
+            Split::Window { window, stride } => window_ranges(content.len(), window - specials, stride).into_iter().map(|r| self.wrap(&content[r])).collect(),
         }
     }
 }

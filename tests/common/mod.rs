@@ -11,9 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("EEANE_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/eeane"))
+    std::env::var_os("EEANE_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/eeane"))
 }
 
 /// A `[[models]]` entry for a prepared model directory (`all-minilm-l6-v2`,
@@ -225,12 +223,9 @@ pub fn vectors(response: &Value) -> Vec<Vec<f32>> {
     data.iter()
         .map(|item| match &item["embedding"] {
             Value::Array(values) => values.iter().map(|v| v.as_f64().unwrap() as f32).collect(),
-            Value::String(b64) => base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .unwrap()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect(),
+            Value::String(b64) => {
+                base64::engine::general_purpose::STANDARD.decode(b64).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+            }
             other => panic!("embedding is {other}"),
         })
         .collect()
@@ -340,11 +335,7 @@ pub fn e5_dir(name: &str) -> PathBuf {
 /// Bytes of every file under `dir`, as `eeane models` counts them.
 pub fn dir_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)
-        .map(|d| {
-            d.flatten()
-                .map(|e| if e.path().is_dir() { dir_bytes(&e.path()) } else { e.metadata().map(|m| m.len()).unwrap_or(0) })
-                .sum()
-        })
+        .map(|d| d.flatten().map(|e| if e.path().is_dir() { dir_bytes(&e.path()) } else { e.metadata().map(|m| m.len()).unwrap_or(0) }).sum())
         .unwrap_or(0)
 }
 

@@ -303,7 +303,12 @@ mod tests {
         let calls = plan_calls(&[10, 300, 20, 30, 400], &[128, 512], &[128]);
         assert_eq!(
             calls,
-            [Call::Pair { inputs: [0, 2], bucket: 128 }, Call::Single { input: 3, bucket: 128 }, Call::Single { input: 1, bucket: 512 }, Call::Single { input: 4, bucket: 512 }]
+            [
+                Call::Pair { inputs: [0, 2], bucket: 128 },
+                Call::Single { input: 3, bucket: 128 },
+                Call::Single { input: 1, bucket: 512 },
+                Call::Single { input: 4, bucket: 512 }
+            ]
         );
         let mut seen: Vec<usize> = calls
             .iter()

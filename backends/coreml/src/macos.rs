@@ -135,7 +135,8 @@ impl CoreMlEngine {
         let dictionary = NSDictionary::from_slices(&keys, &values);
         // SAFETY: plain Core ML calls with valid objects.
         unsafe {
-            let provider = MLDictionaryFeatureProvider::initWithDictionary_error(MLDictionaryFeatureProvider::alloc(), &dictionary).map_err(|e| failed("inputs", e))?;
+            let provider =
+                MLDictionaryFeatureProvider::initWithDictionary_error(MLDictionaryFeatureProvider::alloc(), &dictionary).map_err(|e| failed("inputs", e))?;
             let result = model.predictionFromFeatures_error(ProtocolObject::from_ref(&*provider)).map_err(|e| failed("prediction", e))?;
             let name = match &self.output {
                 Some(name) => name.clone(),
@@ -165,7 +166,11 @@ impl Engine for CoreMlEngine {
         }
         let (mut data, mut dim, mut hidden) = (Vec::new(), 0, false);
         for (first, rows) in calls {
-            let model = if rows == 2 { &self.pair[&seq] } else { self.single.get(&seq).ok_or_else(|| EngineError::Input(format!("no Core ML artifact for {seq} tokens")))? };
+            let model = if rows == 2 {
+                &self.pair[&seq]
+            } else {
+                self.single.get(&seq).ok_or_else(|| EngineError::Input(format!("no Core ML artifact for {seq} tokens")))?
+            };
             let span = first * seq..(first + rows) * seq;
             let (shape, values) = self.call(model, rows, seq, &batch.input_ids[span.clone()], &batch.attention_mask[span])?;
             dim = *shape.last().unwrap_or(&0);

@@ -33,10 +33,7 @@ fn runtime(library: &Path) -> Result<&'static Runtime, EngineError> {
 
 fn open_runtime(library: &Path) -> Result<Runtime, String> {
     if !library.exists() {
-        return Err(format!(
-            "ONNX Runtime library {} does not exist (run models/setup.sh, or set [runtimes] onnxruntime)",
-            library.display()
-        ));
+        return Err(format!("ONNX Runtime library {} does not exist (run models/setup.sh, or set [runtimes] onnxruntime)", library.display()));
     }
     let builder = ort::init_from(library).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", library.display()))?;
     let env = builder.with_name("eeane").build().map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
@@ -81,16 +78,10 @@ pub struct OnnxRuntimeEngine {
 
 /// Loads `spec.model_path` on the CPU execution provider.
 pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
-    let library = spec
-        .runtime_library
-        .as_deref()
-        .ok_or_else(|| EngineError::Runtime("no ONNX Runtime library path configured".into()))?;
+    let library = spec.runtime_library.as_deref().ok_or_else(|| EngineError::Runtime("no ONNX Runtime library path configured".into()))?;
     let (env, version) = runtime(library)?;
     if spec.device != "cpu" {
-        return Err(EngineError::Device(format!(
-            "device {:?} is not available to this build's ONNX Runtime engine; use \"cpu\"",
-            spec.device
-        )));
+        return Err(EngineError::Device(format!("device {:?} is not available to this build's ONNX Runtime engine; use \"cpu\"", spec.device)));
     }
     if !spec.model_path.is_file() {
         return Err(EngineError::Model(format!("{} does not exist", spec.model_path.display())));
@@ -117,11 +108,7 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         return Err(EngineError::Model(format!("the graph takes an input {extra:?} that eeane does not provide")));
     }
     let output = match &spec.output {
-        Some(name) => session
-            .outputs()
-            .iter()
-            .find(|o| o.name() == name)
-            .ok_or_else(|| EngineError::Model(format!("the graph has no output {name:?}")))?,
+        Some(name) => session.outputs().iter().find(|o| o.name() == name).ok_or_else(|| EngineError::Model(format!("the graph has no output {name:?}")))?,
         None => session.outputs().first().ok_or_else(|| EngineError::Model("the graph has no outputs".into()))?,
     };
     let precision = match output.dtype() {
@@ -172,15 +159,11 @@ impl Engine for OnnxRuntimeEngine {
             inputs.push(("token_type_ids", tensor(types)?));
         }
         let outputs = self.session.run(inputs).map_err(|e| EngineError::Inference(e.to_string()))?;
-        let (out_shape, data) = outputs[self.output_name.as_str()]
-            .try_extract_tensor::<f32>()
-            .map_err(|e| EngineError::Inference(e.to_string()))?;
+        let (out_shape, data) = outputs[self.output_name.as_str()].try_extract_tensor::<f32>().map_err(|e| EngineError::Inference(e.to_string()))?;
         let dims: Vec<usize> = out_shape.iter().map(|&d| d as usize).collect();
         match dims.as_slice() {
             [b, d] if *b == batch.batch => Ok(EngineOutput::Pooled { data: data.to_vec(), batch: *b, dim: *d }),
-            [b, s, d] if *b == batch.batch && *s == batch.seq => {
-                Ok(EngineOutput::Hidden { data: data.to_vec(), batch: *b, seq: *s, dim: *d })
-            }
+            [b, s, d] if *b == batch.batch && *s == batch.seq => Ok(EngineOutput::Hidden { data: data.to_vec(), batch: *b, seq: *s, dim: *d }),
             _ => Err(EngineError::Inference(format!("unexpected output shape {dims:?} for a batch of {}x{}", batch.batch, batch.seq))),
         }
     }

@@ -53,10 +53,7 @@ fn pick_devices(core: &Core, asked: &str) -> Result<(Vec<String>, Vec<String>), 
         }
     }
     if present.is_empty() {
-        return Err(EngineError::Device(format!(
-            "none of the devices asked for ({asked}) is present; this machine has: {}",
-            available.join(", ")
-        )));
+        return Err(EngineError::Device(format!("none of the devices asked for ({asked}) is present; this machine has: {}", available.join(", "))));
     }
     Ok((present, missing))
 }
@@ -102,8 +99,7 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         other => return Err(EngineError::Model(format!("precision {other:?}: use f32, bf16, f16 or int8"))),
     };
     let set = |core: &mut Core, key: RwPropertyKey, value: &str| {
-        core.set_property(&device_type, &key, value)
-            .map_err(|e| EngineError::Device(format!("{device}: cannot set {}={value}: {e}", key.as_ref())))
+        core.set_property(&device_type, &key, value).map_err(|e| EngineError::Device(format!("{device}: cannot set {}={value}: {e}", key.as_ref())))
     };
     set(&mut core, RwPropertyKey::HintInferencePrecision, hint)?;
     set(&mut core, RwPropertyKey::HintPerformanceMode, "LATENCY")?;
@@ -215,9 +211,7 @@ impl Engine for OpenVinoEngine {
         let data = out.get_data::<f32>().map_err(|e| EngineError::Inference(e.to_string()))?;
         match dims[..] {
             [b, d] if b == rows => Ok(EngineOutput::Pooled { data: data[..batch.batch * d].to_vec(), batch: batch.batch, dim: d }),
-            [b, s, d] if b == rows && s == seq => {
-                Ok(EngineOutput::Hidden { data: data[..batch.batch * s * d].to_vec(), batch: batch.batch, seq: s, dim: d })
-            }
+            [b, s, d] if b == rows && s == seq => Ok(EngineOutput::Hidden { data: data[..batch.batch * s * d].to_vec(), batch: batch.batch, seq: s, dim: d }),
             _ => Err(EngineError::Model(format!("output {} has shape {dims:?}; expected [batch, dim] or [batch, seq, dim]", self.output))),
         }
     }
