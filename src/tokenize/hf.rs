@@ -4,7 +4,7 @@ use std::path::Path;
 
 use tokenizers::{Encoding, PostProcessor, Token, Tokenizer};
 
-use super::{Encoded, TokenizeError};
+use super::{Encoded, TokenizeError, Vocabulary};
 
 pub struct HfTokenizer {
     inner: Tokenizer,
@@ -28,28 +28,6 @@ impl HfTokenizer {
         Ok(Self { inner, vocab_size, pad_id, specials, pair_specials })
     }
 
-    pub fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    pub fn pad_id(&self) -> i64 {
-        self.pad_id
-    }
-
-    /// Special tokens the post-processor adds to one sequence.
-    pub fn specials(&self) -> usize {
-        self.specials
-    }
-
-    pub fn content(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        let encoding = self.inner.encode(text, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
-        Ok(encoding.get_ids().to_vec())
-    }
-
-    pub fn check_id(&self, id: i64) -> Option<u32> {
-        u32::try_from(id).ok().filter(|&id32| (id32 as usize) < self.vocab_size && self.inner.id_to_token(id32).is_some())
-    }
-
     /// Special tokens the post-processor adds to a pair of sequences.
     pub fn pair_specials(&self) -> usize {
         self.pair_specials
@@ -58,11 +36,6 @@ impl HfTokenizer {
     fn encoding(&self, content: &[u32], type_id: u32) -> Encoding {
         let tokens = content.iter().map(|&id| Token::new(id, self.inner.id_to_token(id).unwrap_or_default(), (0, 0))).collect();
         Encoding::from_tokens(tokens, type_id)
-    }
-
-    /// The model's special tokens around `content`, with its type ids.
-    pub fn wrap(&self, content: &[u32]) -> Result<Encoded, TokenizeError> {
-        self.post_process(self.encoding(content, 0), None)
     }
 
     /// A pair as the model's template joins two sequences (BERT: `[CLS] a
@@ -74,5 +47,38 @@ impl HfTokenizer {
     fn post_process(&self, first: Encoding, second: Option<Encoding>) -> Result<Encoded, TokenizeError> {
         let encoding = self.inner.post_process(first, second, true).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
         Ok(Encoded { ids: encoding.get_ids().iter().map(|&i| i as i64).collect(), type_ids: encoding.get_type_ids().iter().map(|&i| i as i64).collect() })
+    }
+}
+
+impl Vocabulary for HfTokenizer {
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn pad_id(&self) -> i64 {
+        self.pad_id
+    }
+
+    /// Special tokens the post-processor adds to one sequence.
+    fn specials(&self) -> usize {
+        self.specials
+    }
+
+    fn content(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        let encoding = self.inner.encode(text, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    fn check_id(&self, id: i64) -> Option<u32> {
+        u32::try_from(id).ok().filter(|&id32| (id32 as usize) < self.vocab_size && self.inner.id_to_token(id32).is_some())
+    }
+
+    /// The model's special tokens around `content`, with its type ids.
+    fn wrap(&self, content: &[u32]) -> Result<Encoded, TokenizeError> {
+        self.post_process(self.encoding(content, 0), None)
+    }
+
+    fn pairs(&self) -> Option<&HfTokenizer> {
+        Some(self)
     }
 }

@@ -41,9 +41,23 @@ pub enum TokenizeError {
     QueryTooLong { query: usize, specials: usize, max_tokens: usize },
 }
 
-enum Backend {
-    Hf(Box<hf::HfTokenizer>),
-    SentencePiece(sentencepiece::SpTokenizer),
+/// What the shared layer needs of a tokenizer library: its vocabulary, the
+/// content ids of a text, and its special tokens around a sequence.
+trait Vocabulary: Send + Sync {
+    fn vocab_size(&self) -> usize;
+    fn pad_id(&self) -> i64;
+    /// Special tokens added to one sequence.
+    fn specials(&self) -> usize;
+    /// A text's ids without special tokens.
+    fn content(&self, text: &str) -> Result<Vec<u32>, TokenizeError>;
+    /// `id` as a vocabulary id, if it is one.
+    fn check_id(&self, id: i64) -> Option<u32>;
+    /// The special tokens around `content`, with its type ids.
+    fn wrap(&self, content: &[u32]) -> Result<Encoded, TokenizeError>;
+    /// The pair template, for a cross-encoder (tokenizer.json only).
+    fn pairs(&self) -> Option<&hf::HfTokenizer> {
+        None
+    }
 }
 
 /// How inputs longer than the model's window become sequences.
@@ -66,7 +80,7 @@ impl Split {
 }
 
 pub struct TextTokenizer {
-    backend: Backend,
+    backend: Box<dyn Vocabulary>,
     split: Split,
 }
 
@@ -74,13 +88,13 @@ impl TextTokenizer {
     /// A `.model` file is SentencePiece (its ids numbered by `ids`); anything
     /// else is read as a Hugging Face `tokenizer.json`.
     pub fn load(path: &Path, ids: TokenIds, split: Split) -> Result<Self, TokenizeError> {
-        let backend = if path.extension().is_some_and(|e| e == "model") {
-            Backend::SentencePiece(sentencepiece::SpTokenizer::from_file(path, ids)?)
+        let backend: Box<dyn Vocabulary> = if path.extension().is_some_and(|e| e == "model") {
+            Box::new(sentencepiece::SpTokenizer::from_file(path, ids)?)
         } else {
-            Backend::Hf(Box::new(hf::HfTokenizer::from_file(path)?))
+            Box::new(hf::HfTokenizer::from_file(path)?)
         };
         let tokenizer = Self { backend, split };
-        let specials = tokenizer.specials();
+        let specials = tokenizer.backend.specials();
         let (length, stride) = match split {
             Split::Truncate { max_tokens } => (max_tokens, 1),
             Split::Window { window, stride } => (window, stride),
@@ -101,52 +115,18 @@ impl TextTokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        match &self.backend {
-            Backend::Hf(t) => t.vocab_size(),
-            Backend::SentencePiece(t) => t.vocab_size(),
-        }
+        self.backend.vocab_size()
     }
 
     pub fn pad_id(&self) -> i64 {
-        match &self.backend {
-            Backend::Hf(t) => t.pad_id(),
-            Backend::SentencePiece(t) => t.pad_id(),
-        }
-    }
-
-    fn specials(&self) -> usize {
-        match &self.backend {
-            Backend::Hf(t) => t.specials(),
-            Backend::SentencePiece(t) => t.specials(),
-        }
-    }
-
-    fn content(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        match &self.backend {
-            Backend::Hf(t) => t.content(text),
-            Backend::SentencePiece(t) => t.content(text),
-        }
-    }
-
-    fn check_id(&self, id: i64) -> Option<u32> {
-        match &self.backend {
-            Backend::Hf(t) => t.check_id(id),
-            Backend::SentencePiece(t) => t.check_id(id),
-        }
-    }
-
-    fn wrap(&self, content: &[u32]) -> Result<Encoded, TokenizeError> {
-        match &self.backend {
-            Backend::Hf(t) => t.wrap(content),
-            Backend::SentencePiece(t) => Ok(t.wrap(content)),
-        }
+        self.backend.pad_id()
     }
 
     /// The sequences for each input, in order: one per input when truncating,
     /// one per window otherwise. Token ids are validated against the vocabulary.
     pub fn encode(&self, inputs: &Inputs) -> Result<Vec<Vec<Encoded>>, TokenizeError> {
         match inputs {
-            Inputs::Texts(texts) => texts.iter().map(|t| self.split(&self.content(t)?)).collect(),
+            Inputs::Texts(texts) => texts.iter().map(|t| self.split(&self.backend.content(t)?)).collect(),
             Inputs::TokenIds(all) => all
                 .iter()
                 .enumerate()
@@ -154,7 +134,9 @@ impl TextTokenizer {
                     let content = ids
                         .iter()
                         .enumerate()
-                        .map(|(position, &id)| self.check_id(id).ok_or(TokenizeError::OutOfVocabulary { input, position, id, vocab_size: self.vocab_size() }))
+                        .map(|(position, &id)| {
+                            self.backend.check_id(id).ok_or(TokenizeError::OutOfVocabulary { input, position, id, vocab_size: self.vocab_size() })
+                        })
                         .collect::<Result<Vec<_>, _>>()?;
                     self.split(&content)
                 })
@@ -173,7 +155,7 @@ impl TextTokenizer {
     /// template, for a cross-encoder: the query is kept whole and each document
     /// cut to what is left of `max_tokens` (as Hugging Face's `only_second`).
     pub fn encode_pairs(&self, query: &str, documents: &[String], max_tokens: usize) -> Result<Vec<Encoded>, TokenizeError> {
-        let Backend::Hf(hf) = &self.backend else {
+        let Some(hf) = self.backend.pairs() else {
             return Err(TokenizeError::Tokenizer("pairs need a tokenizer.json with a pair template; this model has a SentencePiece model".into()));
         };
         let query = hf.content(query)?;
@@ -193,19 +175,21 @@ impl TextTokenizer {
     /// One sequence per input, truncated whatever the model's long-text mode
     /// (for warm-up and checks).
     pub fn encode_truncated(&self, text: &str) -> Result<Encoded, TokenizeError> {
-        let content = self.content(text)?;
+        let content = self.backend.content(text)?;
         let max = match self.split {
             Split::Truncate { max_tokens } => max_tokens,
             Split::Window { window, .. } => window,
         };
-        self.wrap(&content[..content.len().min(max - self.specials())])
+        self.backend.wrap(&content[..content.len().min(max - self.backend.specials())])
     }
 
     fn split(&self, content: &[u32]) -> Result<Vec<Encoded>, TokenizeError> {
-        let specials = self.specials();
+        let specials = self.backend.specials();
         match self.split {
-            Split::Truncate { max_tokens } => Ok(vec![self.wrap(&content[..content.len().min(max_tokens - specials)])?]),
-            Split::Window { window, stride } => window_ranges(content.len(), window - specials, stride).into_iter().map(|r| self.wrap(&content[r])).collect(),
+            Split::Truncate { max_tokens } => Ok(vec![self.backend.wrap(&content[..content.len().min(max_tokens - specials)])?]),
+            Split::Window { window, stride } => {
+                window_ranges(content.len(), window - specials, stride).into_iter().map(|r| self.backend.wrap(&content[r])).collect()
+            }
         }
     }
 }

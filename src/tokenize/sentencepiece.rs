@@ -6,7 +6,7 @@ use std::path::Path;
 
 use sentencepiece::SentencePieceProcessor;
 
-use super::{Encoded, TokenizeError};
+use super::{Encoded, TokenizeError, Vocabulary};
 use crate::config::TokenIds;
 
 pub struct SpTokenizer {
@@ -40,20 +40,22 @@ impl SpTokenizer {
         };
         Ok(Self { inner, ids, bos, eos, pad, unk, vocab_size })
     }
+}
 
-    pub fn vocab_size(&self) -> usize {
+impl Vocabulary for SpTokenizer {
+    fn vocab_size(&self) -> usize {
         self.vocab_size
     }
 
-    pub fn pad_id(&self) -> i64 {
+    fn pad_id(&self) -> i64 {
         self.pad as i64
     }
 
-    pub fn specials(&self) -> usize {
+    fn specials(&self) -> usize {
         2
     }
 
-    pub fn content(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+    fn content(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         let pieces = self.inner.encode(text).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
         let unk = self.inner.unk_id();
         Ok(pieces
@@ -66,12 +68,12 @@ impl SpTokenizer {
             .collect())
     }
 
-    pub fn check_id(&self, id: i64) -> Option<u32> {
+    fn check_id(&self, id: i64) -> Option<u32> {
         u32::try_from(id).ok().filter(|&id32| (id32 as usize) < self.vocab_size)
     }
 
-    pub fn wrap(&self, content: &[u32]) -> Encoded {
+    fn wrap(&self, content: &[u32]) -> Result<Encoded, TokenizeError> {
         let ids: Vec<i64> = std::iter::once(self.bos).chain(content.iter().copied()).chain([self.eos]).map(i64::from).collect();
-        Encoded { type_ids: vec![0; ids.len()], ids }
+        Ok(Encoded { type_ids: vec![0; ids.len()], ids })
     }
 }
