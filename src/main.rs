@@ -98,8 +98,9 @@ enum Command {
         #[arg(long)]
         rerank: bool,
         /// Instead: each model of --model (comma-separated) on full batches of
-        /// every one of its buckets, in process, as µs/text per bucket.
-        #[arg(long)]
+        /// every one of its buckets, in process, as µs/text per bucket (the
+        /// buckets set the batches, so the corpus and client flags do not apply).
+        #[arg(long, conflicts_with_all = ["texts", "seed", "batch", "clients", "parallel", "rerank"])]
         buckets: bool,
         /// Also write the report as JSON here.
         #[arg(long)]
@@ -200,59 +201,36 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::CheckConfig => check_config(&config),
-        Command::Bench { model, texts, seed, batch, clients, parallel, rerank: true, json, .. } => {
+        Command::Bench { model, texts, seed, batch, clients, parallel, rerank, buckets, json } => {
             let options = BenchOptions { model, texts, seed, batch, clients, parallel, json };
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-            let result = runtime.block_on(eeane::bench::rerank::run(config, &options));
+            // Each kind of run: its printed table, and its report as JSON for --json.
+            let result: Result<(String, Option<serde_json::Value>), String> = runtime.block_on(async {
+                if rerank {
+                    let report = eeane::bench::rerank::run(config, &options).await?;
+                    Ok((eeane::bench::rerank::table(&report, &options), serde_json::to_value(&report).ok()))
+                } else if buckets {
+                    let ids = options.model.clone().unwrap_or_else(|| config.models.first().map(|m| m.id.clone()).unwrap_or_default());
+                    let (figures, table) = eeane::bench::run_buckets(config, &ids, 2.0).await?;
+                    Ok((table, serde_json::to_value(&figures).ok()))
+                } else {
+                    // The four-phase run writes its own --json report.
+                    let report = eeane::bench::run(config, options.clone()).await?;
+                    Ok((eeane::bench::table(&report, &options), None))
+                }
+            });
             drop(runtime);
             eeane::batcher::wait_for_engines(Duration::from_secs(30));
             eeane::engines::release_runtimes_at_exit();
             match result {
-                Ok(report) => {
-                    print!("{}", eeane::bench::rerank::table(&report, &options));
-                    if let Some(path) = &options.json {
-                        let _ = std::fs::write(path, serde_json::to_string_pretty(&report).expect("report serializes"));
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("eeane bench --rerank: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Command::Bench { model, texts, seed, batch, clients, parallel, buckets: true, json, .. } => {
-            let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-            let ids = model.unwrap_or_else(|| config.models.first().map(|m| m.id.clone()).unwrap_or_default());
-            let _ = (texts, seed, batch, clients, parallel);
-            let result = runtime.block_on(eeane::bench::run_buckets(config, &ids, 2.0));
-            drop(runtime);
-            eeane::batcher::wait_for_engines(Duration::from_secs(30));
-            eeane::engines::release_runtimes_at_exit();
-            match result {
-                Ok((figures, table)) => {
+                Ok((table, report)) => {
                     print!("{table}");
-                    if let Some(path) = json {
-                        let _ = std::fs::write(&path, serde_json::to_string_pretty(&figures).expect("figures serialize"));
+                    if let (Some(path), Some(report)) = (&options.json, report) {
+                        if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&report).unwrap_or_default()) {
+                            eprintln!("eeane bench: cannot write {}: {e}", path.display());
+                            return ExitCode::FAILURE;
+                        }
                     }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("eeane bench: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Command::Bench { model, texts, seed, batch, clients, parallel, buckets: false, json, .. } => {
-            let options = BenchOptions { model, texts, seed, batch, clients, parallel, json };
-            let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-            let result = runtime.block_on(eeane::bench::run(config, options.clone()));
-            drop(runtime);
-            eeane::batcher::wait_for_engines(Duration::from_secs(30));
-            eeane::engines::release_runtimes_at_exit();
-            match result {
-                Ok(report) => {
-                    print!("{}", eeane::bench::table(&report, &options));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -159,6 +159,13 @@ impl IntoResponse for ApiError {
 /// Seconds a client should wait after a 503 that more capacity may cure.
 const RETRY_AFTER_UNAVAILABLE: u64 = 5;
 
+/// 429: the server already holds max_pending_requests.
+impl From<crate::serving::Overloaded> for ApiError {
+    fn from(o: crate::serving::Overloaded) -> Self {
+        ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
+    }
+}
+
 impl From<ServeError> for ApiError {
     fn from(e: ServeError) -> Self {
         match e {

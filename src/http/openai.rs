@@ -297,10 +297,7 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
         .with_param("input")
         .with_model(&slot.config.id));
     }
-    let _admitted = app.service.admit(&live).map_err(|o| {
-        ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
-            .with_model(&slot.config.id)
-    })?;
+    let _admitted = app.service.admit(&live).map_err(|o| ApiError::from(o).with_model(&slot.config.id))?;
     let result = app.service.embed(&live, slot, inputs, keep_alive, live.deadline()).await.map_err(|e| {
         let mut error = ApiError::from(e);
         if flat_ids {

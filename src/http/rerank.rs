@@ -167,10 +167,7 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
         .with_param("model")
         .with_model(&slot.config.id));
     }
-    let _admitted = app.service.admit(&live).map_err(|o| {
-        ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
-            .with_model(&slot.config.id)
-    })?;
+    let _admitted = app.service.admit(&live).map_err(|o| ApiError::from(o).with_model(&slot.config.id))?;
     // The documents move into the inputs; a copy is kept only to return them.
     let count = docs.len();
     let returned = request.return_documents.then(|| docs.clone());
