@@ -8,7 +8,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
 
@@ -339,11 +339,43 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
     Ok((axum::Extension(summary), Json(response)))
 }
 
+/// `GET /v1/models`: OpenAI's model list, with eeane's own fields.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ModelList {
+    /// Always "list".
+    pub object: &'static str,
+    pub data: Vec<ModelObject>,
+}
+
+/// One configured model and its state.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ModelObject {
+    pub id: String,
+    /// Always "model".
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    /// "embedding" or "reranker".
+    #[schema(value_type = String)]
+    pub kind: crate::config::ModelKind,
+    pub engine: String,
+    pub aliases: Vec<String>,
+    pub max_tokens: usize,
+    /// "on_demand", "resident" or "disabled".
+    #[schema(value_type = String)]
+    pub load_policy: crate::config::LoadPolicy,
+    /// The vector's length, once the model is loaded.
+    pub dimensions: Option<usize>,
+    /// "unloaded", "loaded" or "failed".
+    pub state: &'static str,
+    pub loaded: bool,
+}
+
 /// Every servable model, with its state.
-#[utoipa::path(get, path = "/v1/models", tag = "models", responses((status = 200, body = Object)))]
-pub async fn models(State(app): State<AppState>) -> Json<Value> {
+#[utoipa::path(get, path = "/v1/models", tag = "models", responses((status = 200, body = ModelList)))]
+pub async fn models(State(app): State<AppState>) -> Json<ModelList> {
     let live = app.service.live();
-    let data: Vec<Value> = live
+    let data = live
         .registry
         .slots()
         .iter()
@@ -353,21 +385,21 @@ pub async fn models(State(app): State<AppState>) -> Json<Value> {
                 _ => None,
             };
             let status = slot.status();
-            json!({
-                "id": slot.config.id,
-                "object": "model",
-                "created": 0,
-                "owned_by": "eeane",
-                "kind": slot.config.kind,
-                "engine": slot.config.engine,
-                "aliases": slot.config.aliases,
-                "max_tokens": slot.config.max_tokens,
-                "load_policy": slot.policy,
-                "dimensions": dimensions,
-                "state": status.state,
-                "loaded": status.loaded,
-            })
+            ModelObject {
+                id: slot.config.id.clone(),
+                object: "model",
+                created: 0,
+                owned_by: "eeane",
+                kind: slot.config.kind,
+                engine: slot.config.engine.clone(),
+                aliases: slot.config.aliases.clone(),
+                max_tokens: slot.config.max_tokens,
+                load_policy: slot.policy,
+                dimensions,
+                state: status.state,
+                loaded: status.loaded,
+            }
         })
         .collect();
-    Json(json!({"object": "list", "data": data}))
+    Json(ModelList { object: "list", data })
 }
