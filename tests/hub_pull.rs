@@ -23,18 +23,19 @@ fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub").join(name)
 }
 
-/// The repositories, built once per test binary.
+/// The repositories, built once per test binary into one folder under
+/// target/ that each run replaces (a temporary folder in a static is never
+/// dropped, so each run left its 1.7 GB of repositories behind).
 fn repos() -> &'static Path {
-    static REPOS: OnceLock<tempfile::TempDir> = OnceLock::new();
-    REPOS
-        .get_or_init(|| {
-            common::minilm_dir();
-            let dir = tempfile::tempdir().unwrap();
-            let status = Command::new(python()).arg(script("make_repos.py")).arg("--cache").arg(common::cache_dir()).arg(dir.path()).status().unwrap();
-            assert!(status.success(), "make_repos.py failed");
-            dir
-        })
-        .path()
+    static REPOS: OnceLock<PathBuf> = OnceLock::new();
+    REPOS.get_or_init(|| {
+        common::minilm_dir();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hub-repos");
+        let _ = std::fs::remove_dir_all(&dir);
+        let status = Command::new(python()).arg(script("make_repos.py")).arg("--cache").arg(common::cache_dir()).arg(&dir).status().unwrap();
+        assert!(status.success(), "make_repos.py failed");
+        dir
+    })
 }
 
 struct LookAlike {
