@@ -1008,7 +1008,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=Path, default=default_cache())
     parser.add_argument("targets", nargs="*", help="one or more of: " + ", ".join(sorted(TARGETS)))
-    parser.add_argument("--ncnn-from", metavar="DIR", help="convert a local BERT/RoBERTa checkpoint directory to ncnn (see README)")
+    parser.add_argument("--ncnn-from", metavar="DIR", help="convert a local BERT/RoBERTa checkpoint directory to ncnn (see docs/engines/ncnn.md)")
     parser.add_argument("--name", help="the model's name under {cache}/models, with --ncnn-from")
     parser.add_argument("--fp16-weights", action="store_true", help="with --ncnn-from: store weights as fp16 (arithmetic stays fp32)")
     parser.add_argument("--hf-snapshot", metavar="DIR", help="a Hub repository's snapshot (eeane pull hf:...) to an ONNX model, with --name and --source")

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
+pub use eeane_backend_core::Isolation as Placement;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
 use figment::Figment;
@@ -30,6 +31,7 @@ const SHORT_SERVER_KEYS: &[&str] = &[
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub server: ServerConfig,
+    #[serde(default)]
     pub runtimes: RuntimesConfig,
     #[serde(default)]
     pub models: Vec<ModelConfig>,
@@ -118,34 +120,29 @@ impl ServerConfig {
     }
 }
 
-/// Where a model's engine runs.
+/// Where a model's engine runs, as the config says it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Isolation {
-    /// `thread` for a model on a Vulkan GPU, `process` for the rest (see `resolve`).
+    /// The engine's choice for the model's device (`Backend::default_isolation`):
+    /// a thread for ncnn on a Vulkan GPU, a process for the rest.
     #[default]
     Auto,
     /// In a child process of its own (`eeane engine-host`), fed through a pipe:
     /// an unload ends the process, so everything the runtime allocated goes
-    /// back to the OS (in-process, allocator fragmentation kept some of it),
-    /// and a runtime crash fails only that model's batch in flight.
+    /// back to the OS, and a runtime crash fails only that model's batch in flight.
     Process,
     /// On a thread of the server process: no process start per load.
     Thread,
 }
 
 impl Isolation {
-    /// What `auto` means for a model: on a Vulkan GPU, a thread, because
-    /// engines in separate processes each create their own Vulkan instance
-    /// and device, and the GPU time-slices between processes instead of
-    /// running their work side by side (measured on the H200: two nets of
-    /// one model 1,405 texts/s over HTTP in one process, 460 in two; about
-    /// 52 MiB more VRAM and 0.6 s more per load); elsewhere, a process.
-    pub fn resolve(self, engine: &str, device: &str) -> Isolation {
+    /// Where a model of `engine` on `device` runs: `auto` is the engine's choice.
+    pub fn resolve(self, engine: &str, device: &str) -> Placement {
         match self {
-            Isolation::Auto if engine == "ncnn" && device.split(',').any(|d| d.trim().starts_with("vulkan")) => Isolation::Thread,
-            Isolation::Auto => Isolation::Process,
-            chosen => chosen,
+            Isolation::Auto => crate::engines::find(engine).map_or(Placement::Process, |e| e.default_isolation(device)),
+            Isolation::Process => Placement::Process,
+            Isolation::Thread => Placement::Thread,
         }
     }
 }
@@ -162,25 +159,17 @@ pub enum LoadPolicy {
     Disabled,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuntimesConfig {
-    /// Path of libonnxruntime.so, opened when the first onnxruntime model loads.
-    pub onnxruntime: ConfigPath,
-    /// Path of OpenVINO's libopenvino_c.so, opened when the first openvino model loads.
-    pub openvino: ConfigPath,
-    /// Path of eeane's ncnn shim (libeeane_ncnn.so, built with ncnn by models/build_ncnn.sh).
-    pub ncnn: ConfigPath,
-}
+/// Each engine's runtime library by engine name (libonnxruntime.so,
+/// OpenVINO's libopenvino_c.so, eeane's ncnn shim); an engine left out opens
+/// its default (`Backend::default_runtime`), under the cache.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct RuntimesConfig(BTreeMap<String, ConfigPath>);
 
 impl RuntimesConfig {
-    /// The runtime library an engine opens.
-    pub fn library(&self, engine: &str) -> PathBuf {
-        match engine {
-            "openvino" => self.openvino.path(),
-            "ncnn" => self.ncnn.path(),
-            _ => self.onnxruntime.path(),
-        }
+    /// The runtime library an engine opens; `None` for one that opens none.
+    pub fn library(&self, engine: &str) -> Option<PathBuf> {
+        self.0.get(engine).map(ConfigPath::path)
     }
 }
 
@@ -314,8 +303,10 @@ pub enum BatchOrder {
     Arrival,
 }
 
+/// One `[[models]]` entry. Keys that are not fields here belong to the
+/// model's engine: its `Backend::options` checks them (`engine_options`), so
+/// a key that neither knows is refused.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     pub id: String,
     #[serde(default)]
@@ -405,33 +396,11 @@ pub struct ModelConfig {
     /// Graph output to read; unset takes the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
-    /// Precision label reported in /health (the graph decides the real one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub precision: Option<String>,
-    /// Let ONNX Runtime's compute threads spin between operations (off: on a
-    /// small machine they steal the cores tokenization and HTTP need).
-    #[serde(default)]
-    pub spin: bool,
-    /// Core ML: sequence length -> compiled model (.mlmodelc). Unset: `model` is
-    /// a directory of eeANE's compiled-model cache, read from its model_info.json.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub artifacts: BTreeMap<String, ConfigPath>,
-    /// Core ML: sequence length -> batch-2 compiled model (two inputs of that
-    /// bucket in one call); each bucket needs an `artifacts` entry too.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub batch_artifacts: BTreeMap<String, ConfigPath>,
-    /// Core ML: the graph's two input names, ids then mask (default
-    /// input_ids, attention_mask).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub input_names: Vec<String>,
-    /// Core ML compute units: cpu_and_ne (default), cpu_only, cpu_and_gpu, all.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compute_units: Option<String>,
-    /// ncnn: most tokens of sequences packed side by side into one run; unset
-    /// takes the engine's default (512 on Vulkan, 128 on the CPU), 1 runs each
-    /// sequence alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pack_tokens: Option<usize>,
+    /// The engine's own keys (precision, spin, pack_tokens, Core ML's
+    /// artifact tables...), in the normal form its `Backend::options` gave
+    /// them after checking: defaults filled in, paths resolved.
+    #[serde(skip_deserializing, flatten)]
+    pub engine_options: serde_json::Map<String, serde_json::Value>,
     /// Overrides server.default_load_policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_policy: Option<LoadPolicy>,
@@ -460,7 +429,7 @@ impl ModelConfig {
     }
 
     /// Where this model's engine runs, `auto` resolved.
-    pub fn isolation(&self, server: &ServerConfig) -> Isolation {
+    pub fn isolation(&self, server: &ServerConfig) -> Placement {
         self.isolation.unwrap_or(server.isolation).resolve(&self.engine, &self.device)
     }
 
@@ -499,12 +468,9 @@ impl ConfigPath {
 
     fn resolve(&mut self, cache: &Path) {
         let original = self.0.original().to_string_lossy().into_owned();
-        let resolved = if let Some(rest) = original.strip_prefix("{cache}") {
-            cache.join(rest.trim_start_matches('/'))
-        } else if let Some(rest) = original.strip_prefix("~/") {
-            home().join(rest)
-        } else {
-            self.0.relative()
+        let resolved = match original.starts_with("{cache}") || original.starts_with("~/") {
+            true => resolve_path(&original, cache, Path::new("")),
+            false => self.0.relative(),
         };
         self.0 = RelativePathBuf::from(resolved);
     }
@@ -513,6 +479,18 @@ impl ConfigPath {
 impl Serialize for ConfigPath {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.path().serialize(s)
+    }
+}
+
+/// A path as a config file writes it: `{cache}/...`, `~/...`, absolute, or
+/// relative to `base` (the file's directory).
+fn resolve_path(written: &str, cache: &Path, base: &Path) -> PathBuf {
+    if let Some(rest) = written.strip_prefix("{cache}") {
+        cache.join(rest.trim_start_matches('/'))
+    } else if let Some(rest) = written.strip_prefix("~/") {
+        home().join(rest)
+    } else {
+        base.join(written)
     }
 }
 
@@ -556,9 +534,9 @@ pub fn find_file(flag: Option<&Path>) -> Result<Option<PathBuf>, ConfigError> {
 impl Config {
     pub fn load(file: Option<&Path>, cli: &CliOverrides) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULTS));
-        if let Some(file) = file {
-            // Absolute, so that paths relative to the file resolve to absolute paths.
-            let file = std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf());
+        // Absolute, so that paths relative to the file resolve to absolute paths.
+        let file = file.map(|file| std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf()));
+        if let Some(file) = &file {
             figment = figment.merge(Toml::file_exact(file));
         }
         // Short names for the common server keys; any key as SECTION__KEY. Other
@@ -583,6 +561,8 @@ impl Config {
         config.read_sources(&written);
         config.resolve_paths();
         config.validate()?;
+        let base = file.as_deref().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+        config.check_engine_options(&written, &base)?;
         Ok(config)
     }
 
@@ -677,12 +657,42 @@ impl Config {
         }
     }
 
+    /// Hands each entry's keys that are not `ModelConfig`'s to its engine,
+    /// which checks them once and returns them in their normal form.
+    fn check_engine_options(&mut self, written: &[serde_json::Value], base: &Path) -> Result<(), ConfigError> {
+        let common = serde_aux::serde_introspection::serde_introspect::<ModelConfig>();
+        let cache = self.cache_dir();
+        let resolve = |path: &Path| resolve_path(&path.to_string_lossy(), &cache, base);
+        for (i, m) in self.models.iter_mut().enumerate() {
+            let entry: serde_json::Map<String, serde_json::Value> = written
+                .get(i)
+                .and_then(|w| w.as_object())
+                .map(|w| w.iter().filter(|(k, _)| !common.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default();
+            let Some(engine) = crate::engines::find(&m.engine) else { continue };
+            let options = engine.options(&entry, &resolve).map_err(|message| ConfigError::Invalid {
+                key: format!("models[{i}] (id {:?})", m.id),
+                message: format!("{message} (a key that is not a model key belongs to its engine, {:?})", m.engine),
+            })?;
+            m.engine_options = match options.0 {
+                serde_json::Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            };
+        }
+        Ok(())
+    }
+
     fn resolve_paths(&mut self) {
         let cache = self.cache_dir();
         self.server.cache_dir = cache.to_string_lossy().into_owned();
-        self.runtimes.onnxruntime.resolve(&cache);
-        self.runtimes.openvino.resolve(&cache);
-        self.runtimes.ncnn.resolve(&cache);
+        for engine in crate::engines::ENGINES {
+            if let Some(default) = engine.default_runtime() {
+                self.runtimes.0.entry(engine.name().to_string()).or_insert_with(|| ConfigPath::new(default));
+            }
+        }
+        for library in self.runtimes.0.values_mut() {
+            library.resolve(&cache);
+        }
         for m in &mut self.models {
             m.model.resolve(&cache);
             m.tokenizer.resolve(&cache);
@@ -699,6 +709,9 @@ impl Config {
         }
         if self.models.is_empty() {
             return invalid("models".into(), "no [[models]] entry".into());
+        }
+        if let Some(name) = self.runtimes.0.keys().find(|name| crate::engines::find(name).is_none()) {
+            return invalid(format!("runtimes.{name}"), format!("no engine of that name in this build; it has: {}", crate::engines::names().join(", ")));
         }
         let mut names = HashSet::new();
         for (i, m) in self.models.iter().enumerate() {
@@ -721,8 +734,8 @@ impl Config {
             if let Some(name) = m.default_prompt_name.as_ref().filter(|n| !m.prompts.contains_key(*n)) {
                 return invalid(key("default_prompt_name"), format!("{name:?} is not one of its prompts"));
             }
-            if !crate::engines::known(&m.engine) {
-                return invalid(key("engine"), format!("unknown engine {:?}; this build has: {}", m.engine, crate::engines::NAMES.join(", ")));
+            if crate::engines::find(&m.engine).is_none() {
+                return invalid(key("engine"), format!("unknown engine {:?}; this build has: {}", m.engine, crate::engines::names().join(", ")));
             }
             if m.max_tokens < 3 {
                 return invalid(key("max_tokens"), "must be at least 3".into());
@@ -749,28 +762,6 @@ impl Config {
                 if m.rerank {
                     return invalid(key("rerank"), "rerank = true is for embedding models; a reranker always reranks".into());
                 }
-            }
-            if !m.input_names.is_empty() && m.input_names.len() != 2 {
-                return invalid(key("input_names"), "name two inputs: the ids', then the mask's".into());
-            }
-            if !m.batch_artifacts.is_empty() && m.artifacts.is_empty() {
-                return invalid(key("batch_artifacts"), "needs an explicit artifacts table beside it".into());
-            }
-            if let Some(units) = &m.compute_units {
-                if !matches!(units.as_str(), "cpu_and_ne" | "cpu_only" | "cpu_and_gpu" | "all") {
-                    return invalid(key("compute_units"), format!("{units:?}: use cpu_and_ne, cpu_only, cpu_and_gpu or all"));
-                }
-            }
-            for (bucket, table) in m.artifacts.keys().map(|b| (b, "artifacts")).chain(m.batch_artifacts.keys().map(|b| (b, "batch_artifacts"))) {
-                if !bucket.trim().parse::<usize>().is_ok_and(|n| n > 0) {
-                    return invalid(key(table), format!("key {bucket:?} is not a positive sequence length"));
-                }
-            }
-            if let Some(orphan) = m.batch_artifacts.keys().find(|b| !m.artifacts.contains_key(*b)) {
-                return invalid(key("batch_artifacts"), format!("bucket {orphan} has no artifacts entry"));
-            }
-            if m.pack_tokens == Some(0) {
-                return invalid(key("pack_tokens"), "must be at least 1 (1 runs each sequence alone)".into());
             }
             if m.long_text == LongText::Window {
                 if m.window < 3 || m.window > m.max_tokens {
@@ -804,19 +795,19 @@ pub fn cache_dir_from_env() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("eeane")
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "ncnn", feature = "onnxruntime", feature = "openvino"))]
 mod isolation_tests {
-    use super::Isolation;
+    use super::{Isolation, Placement};
 
     #[test]
     fn auto_isolation_keeps_vulkan_models_in_the_server() {
-        assert_eq!(Isolation::Auto.resolve("ncnn", "vulkan:H200"), Isolation::Thread);
-        assert_eq!(Isolation::Auto.resolve("ncnn", "vulkan:H200,vulkan:H200"), Isolation::Thread);
-        assert_eq!(Isolation::Auto.resolve("ncnn", "cpu"), Isolation::Process);
-        assert_eq!(Isolation::Auto.resolve("onnxruntime", "cpu"), Isolation::Process);
-        assert_eq!(Isolation::Auto.resolve("openvino", "CPU,GPU"), Isolation::Process);
-        assert_eq!(Isolation::Process.resolve("ncnn", "vulkan:H200"), Isolation::Process);
-        assert_eq!(Isolation::Thread.resolve("onnxruntime", "cpu"), Isolation::Thread);
+        assert_eq!(Isolation::Auto.resolve("ncnn", "vulkan:H200"), Placement::Thread);
+        assert_eq!(Isolation::Auto.resolve("ncnn", "vulkan:H200,vulkan:H200"), Placement::Thread);
+        assert_eq!(Isolation::Auto.resolve("ncnn", "cpu"), Placement::Process);
+        assert_eq!(Isolation::Auto.resolve("onnxruntime", "cpu"), Placement::Process);
+        assert_eq!(Isolation::Auto.resolve("openvino", "CPU,GPU"), Placement::Process);
+        assert_eq!(Isolation::Process.resolve("ncnn", "vulkan:H200"), Placement::Process);
+        assert_eq!(Isolation::Thread.resolve("onnxruntime", "cpu"), Placement::Thread);
     }
 }
 

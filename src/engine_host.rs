@@ -3,9 +3,9 @@
 //! `eeane engine-host` loads one model's engine and runs the batches it reads
 //! on stdin, answering each with pooled vectors on stdout; end of input ends
 //! it. The server keeps one such process per loaded model and device, so an
-//! unload hands back everything the runtime allocated (in-process, glibc's
-//! heap kept ~1 KiB of fragmentation per load and a keep_alive = 0 soak grew
-//! past 5 %), and a crash inside a runtime fails only the batch it was running.
+//! unload hands back everything the runtime allocated (in the server's own
+//! process, glibc's heap keeps fragments of every load: docs/lifecycle.md has
+//! the soak), and a crash inside a runtime fails only the batch it was running.
 //!
 //! Frames are a u32 little-endian length and a postcard body. Pooling and the
 //! non-finite check run in the child, so only `[batch, dim]` vectors cross the
@@ -80,8 +80,9 @@ pub fn serve_stdio() -> u8 {
             return 2;
         }
     };
-    let loaded = match crate::engines::loader(&hosted.engine) {
-        Some(loader) => catch_unwind(|| loader(&hosted.spec)).unwrap_or_else(|_| Err(EngineError::Runtime("the engine panicked while loading".into()))),
+    let loaded = match crate::engines::find(&hosted.engine) {
+        Some(engine) => catch_unwind(AssertUnwindSafe(|| engine.load(&hosted.spec)))
+            .unwrap_or_else(|_| Err(EngineError::Runtime("the engine panicked while loading".into()))),
         None => Err(EngineError::Runtime(format!("engine {:?} is not compiled into this build", hosted.engine))),
     };
     let mut engine: Box<dyn Engine> = match loaded {
@@ -102,7 +103,7 @@ pub fn serve_stdio() -> u8 {
         }
     }
     drop(engine);
-    crate::engines::release_runtimes_at_exit();
+    crate::engines::at_exit();
     0
 }
 

@@ -1,80 +1,45 @@
-//! The engines compiled into this build, by config name.
+//! The engines compiled into this build. This list is the only place in
+//! eeane that names an engine: everything else asks it. Adding an engine is
+//! a backend crate (exporting one `Backend` value), its Cargo feature, and
+//! one line here.
 
-use eeane_backend_core::EngineLoader;
+use std::collections::BTreeMap;
 
-pub const NAMES: &[&str] = &[
+use eeane_backend_core::{Backend, Device};
+
+/// Every engine in this build.
+pub static ENGINES: &[&dyn Backend] = &[
     #[cfg(feature = "onnxruntime")]
-    "onnxruntime",
+    &eeane_backend_onnxruntime::OnnxRuntime,
     #[cfg(feature = "openvino")]
-    "openvino",
+    &eeane_backend_openvino::OpenVino,
     #[cfg(feature = "ncnn")]
-    "ncnn",
+    &eeane_backend_ncnn::Ncnn,
     #[cfg(feature = "coreml")]
-    "coreml",
+    &eeane_backend_coreml::Coreml,
+    #[cfg(feature = "test-engine")]
+    &eeane_backend_testing::Testing,
 ];
 
-pub fn known(name: &str) -> bool {
-    NAMES.contains(&name)
+/// The engine a model entry's `engine` key names.
+pub fn find(name: &str) -> Option<&'static dyn Backend> {
+    ENGINES.iter().copied().find(|e| e.name() == name)
 }
 
-pub fn loader(name: &str) -> Option<EngineLoader> {
-    match name {
-        #[cfg(feature = "onnxruntime")]
-        "onnxruntime" => Some(eeane_backend_onnxruntime::load),
-        #[cfg(feature = "openvino")]
-        "openvino" => Some(eeane_backend_openvino::load),
-        #[cfg(feature = "ncnn")]
-        "ncnn" => Some(eeane_backend_ncnn::load),
-        #[cfg(feature = "coreml")]
-        "coreml" => Some(eeane_backend_coreml::load),
-        _ => None,
-    }
-}
-
-/// Opens the runtime library an engine needs, ahead of any model load; its version.
-pub fn open_runtime(name: &str, library: &std::path::Path) -> Result<String, String> {
-    match name {
-        #[cfg(feature = "onnxruntime")]
-        "onnxruntime" => eeane_backend_onnxruntime::open(library).map_err(|e| e.to_string()),
-        #[cfg(feature = "openvino")]
-        "openvino" => eeane_backend_openvino::open(library).map_err(|e| e.to_string()),
-        #[cfg(feature = "ncnn")]
-        "ncnn" => eeane_backend_ncnn::open(library).map_err(|e| e.to_string()),
-        #[cfg(feature = "coreml")]
-        "coreml" => eeane_backend_coreml::open(library).map_err(|e| e.to_string()),
-        _ => {
-            let _ = library;
-            Err(format!("engine {name:?} is not compiled into this build"))
-        }
-    }
+pub fn names() -> Vec<&'static str> {
+    ENGINES.iter().map(|e| e.name()).collect()
 }
 
 /// Hands back what runtimes keep between models (ncnn's GPU instance) before
 /// the process exits; call after the engine threads have ended.
-pub fn release_runtimes_at_exit() {
-    #[cfg(feature = "ncnn")]
-    eeane_backend_ncnn::release_gpu_at_exit();
+pub fn at_exit() {
+    for engine in ENGINES {
+        engine.at_exit();
+    }
 }
 
-/// The accelerator devices the engines' runtimes saw when they were opened, by
-/// API, for /health: ncnn's Vulkan devices as (name, kind).
-pub fn visible_devices() -> serde_json::Value {
-    #[cfg_attr(not(feature = "ncnn"), allow(unused_mut))]
-    let mut devices = serde_json::Map::new();
-    #[cfg(feature = "ncnn")]
-    if let Some(list) = eeane_backend_ncnn::visible_devices() {
-        let list: Vec<_> = list.into_iter().map(|(name, kind)| serde_json::json!({"name": name, "kind": kind})).collect();
-        devices.insert("vulkan".into(), list.into());
-    }
-    devices.into()
-}
-
-/// Why an engine cannot run on this platform at all (not a missing file: the
-/// platform), for check-config; `None` where it can.
-pub fn platform_unavailable(name: &str) -> Option<&'static str> {
-    match name {
-        #[cfg(feature = "coreml")]
-        "coreml" => eeane_backend_coreml::unavailable(),
-        _ => None,
-    }
+/// The accelerator devices the runtimes opened in this process saw, by API
+/// ("vulkan": ncnn's devices), for /health.
+pub fn visible_devices() -> BTreeMap<&'static str, Vec<Device>> {
+    ENGINES.iter().filter_map(|e| e.visible_devices()).map(|v| (v.api, v.devices)).collect()
 }

@@ -28,32 +28,44 @@ fn sha256(path: &Path) -> std::io::Result<String> {
     Ok(format!("{:x}", hasher.finalize()))
 }
 
+/// A prepared model's files do not match its manifest.
+#[derive(Debug, thiserror::Error)]
+pub enum IntegrityError {
+    #[error("{} is not valid JSON ({reason}); prepare the model again", manifest.display())]
+    BadManifest { manifest: PathBuf, reason: String },
+    #[error("{} is missing (listed in {}); prepare the model again (eeane pull)", path.display(), manifest.display())]
+    Missing { path: PathBuf, manifest: PathBuf },
+    #[error("cannot read {}: {reason}", path.display())]
+    Unreadable { path: PathBuf, reason: String },
+    #[error(
+        "{} does not match its manifest (sha256 {digest}, expected {expected}): the file is truncated, corrupted or was replaced; \
+         prepare the model again (eeane pull)",
+        path.display()
+    )]
+    Mismatch { path: PathBuf, digest: String, expected: String },
+}
+
 /// Checks every file listed by the manifest.json beside each of `paths`.
-pub fn verify(paths: &[PathBuf]) -> Result<(), String> {
+pub fn verify(paths: &[PathBuf]) -> Result<(), IntegrityError> {
     let mut dirs: Vec<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
     dirs.dedup();
     for dir in dirs {
         let manifest = dir.join("manifest.json");
         let Ok(text) = std::fs::read(&manifest) else { continue };
         let parsed: serde_json::Value =
-            serde_json::from_slice(&text).map_err(|e| format!("{} is not valid JSON ({e}); prepare the model again", manifest.display()))?;
+            serde_json::from_slice(&text).map_err(|e| IntegrityError::BadManifest { manifest: manifest.clone(), reason: e.to_string() })?;
         let Some(files) = parsed["files"].as_object() else { continue };
         for (name, expected) in files {
             let path = dir.join(name);
             let Some(now) = stamp(&path) else {
-                return Err(format!("{} is missing (listed in {}); prepare the model again (eeane pull)", path.display(), manifest.display()));
+                return Err(IntegrityError::Missing { path, manifest });
             };
             if VERIFIED.locked().as_ref().and_then(|v| v.get(&path)) == Some(&now) {
                 continue;
             }
-            let digest = sha256(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let digest = sha256(&path).map_err(|e| IntegrityError::Unreadable { path: path.clone(), reason: e.to_string() })?;
             if Some(digest.as_str()) != expected.as_str() {
-                return Err(format!(
-                    "{} does not match its manifest (sha256 {digest}, expected {}): the file is truncated, corrupted or was replaced; \
-                     prepare the model again (eeane pull)",
-                    path.display(),
-                    expected.as_str().unwrap_or("?")
-                ));
+                return Err(IntegrityError::Mismatch { path, digest, expected: expected.as_str().unwrap_or("?").to_string() });
             }
             VERIFIED.locked().get_or_insert_with(HashMap::new).insert(path, now);
         }
@@ -76,8 +88,8 @@ mod tests {
         assert!(verify(std::slice::from_ref(&model)).is_ok());
         std::fs::write(&model, b"weighs").unwrap();
         let e = verify(std::slice::from_ref(&model)).unwrap_err();
-        assert!(e.contains("does not match its manifest"), "{e}");
+        assert!(matches!(e, IntegrityError::Mismatch { .. }) && e.to_string().contains("does not match its manifest"), "{e}");
         std::fs::remove_file(&model).unwrap();
-        assert!(verify(&[model]).unwrap_err().contains("is missing"));
+        assert!(matches!(verify(&[model]).unwrap_err(), IntegrityError::Missing { .. }));
     }
 }

@@ -221,7 +221,7 @@ fn main() -> ExitCode {
             });
             drop(runtime);
             eeane::batcher::wait_for_engines(Duration::from_secs(30));
-            eeane::engines::release_runtimes_at_exit();
+            eeane::engines::at_exit();
             match result {
                 Ok((table, report)) => {
                     print!("{table}");
@@ -276,7 +276,7 @@ fn check_config(config: &Config) -> ExitCode {
         .models
         .iter()
         .filter(|m| m.policy(&config.server) != eeane::config::LoadPolicy::Disabled)
-        .filter_map(|m| eeane::engines::platform_unavailable(&m.engine).map(|why| format!("models {:?} (engine {:?}): {why}", m.id, m.engine)))
+        .filter_map(|m| eeane::engines::find(&m.engine).and_then(|e| e.unavailable()).map(|why| format!("models {:?} (engine {:?}): {why}", m.id, m.engine)))
         .collect();
     if !unrunnable.is_empty() {
         unrunnable.iter().for_each(|line| eprintln!("eeane: {line}"));
@@ -363,7 +363,7 @@ async fn serve(config: Config, config_flag: Option<PathBuf>, overrides: CliOverr
     }
     service.shutdown();
     eeane::batcher::wait_for_engines(Duration::from_secs(30));
-    eeane::engines::release_runtimes_at_exit();
+    eeane::engines::at_exit();
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }
@@ -401,21 +401,16 @@ async fn shutdown_signal() {
 /// Tunes glibc's allocator so that an unloaded model's memory goes back to the OS.
 ///
 /// glibc gives each busy thread its own heap arena, up to 8 per core, and each
-/// keeps freed memory of its own; with engine, tokenizer and HTTP threads that
-/// left tens of MiB behind after an unload. The server uses one arena: with
-/// the engines in their own processes it allocates little, and its heap's
-/// growth over a keep_alive = 0 soak sat in the second arena (600 s: +3.6 %
-/// and +4.4 % with two, +2.8 % and +2.0 % with one, flat after five or six
-/// minutes). An engine process (`engine_host`), where the runtime's compute
-/// threads allocate at once, keeps two.
+/// keeps freed memory of its own: with engine, tokenizer and HTTP threads an
+/// unload left tens of MiB behind. The server, which allocates little with its
+/// engines in their own processes, uses one arena; an engine process, where the
+/// runtime's compute threads allocate at once, keeps two.
 ///
 /// glibc also raises its mmap threshold (up to 32 MiB) each time a large mmapped
 /// block is freed, so after the first unload the next model's large buffers
-/// come from the heap instead, where they fragment it: an unload then kept
-/// 7-8 MiB (25 %) for good once the process had idled and its threads changed
-/// arenas. A fixed threshold of 128 KiB (glibc's initial value) keeps every
-/// large buffer in its own mapping, returned whole on free; measured: unloads
-/// back within 1.2 %, throughput unchanged (README).
+/// would come from the heap, where they fragment it for good. A fixed threshold
+/// of 128 KiB (glibc's initial value) keeps every large buffer in its own
+/// mapping, returned whole on free. docs/lifecycle.md has the soak figures.
 fn limit_malloc_arenas(engine_host: bool) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: called in main before any other thread exists.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use eeane_backend_core::{EngineError, EngineSpec};
+use eeane_backend_core::{EngineError, EngineSpec, Options};
 
 use crate::batcher::{BatchPolicy, Bucket, EngineWorker, Launch, Order, Pipeline, WorkerError};
 use crate::config::BatchOrder;
@@ -24,6 +24,8 @@ pub enum ModelError {
     Tokenize(#[from] TokenizeError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error(transparent)]
+    Integrity(#[from] crate::integrity::IntegrityError),
     #[error("the request waited longer than queue_timeout before its inference started")]
     QueueTimeout,
     /// A bug: a panic in blocking work, caught so that only this request fails.
@@ -60,7 +62,7 @@ pub struct LoadedModel {
     pub dimensions: usize,
     pub load_ms: u64,
     /// Where the engine runs.
-    pub isolation: crate::config::Isolation,
+    pub isolation: crate::config::Placement,
 }
 
 impl LoadedModel {
@@ -81,48 +83,29 @@ impl LoadedModel {
                 .map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
         }
         let files = vec![config.model.path(), config.tokenizer.path()];
-        blocking(&config.id, "manifest check", move || crate::integrity::verify(&files)).await?.map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
+        blocking(&config.id, "manifest check", move || crate::integrity::verify(&files)).await??;
         let tokenizer = {
             let config = config.clone();
             blocking(&config.id.clone(), "tokenizer load", move || TextTokenizer::from_config(&config)).await??
         };
-        let loader = crate::engines::loader(&config.engine)
-            .ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
+        let engine =
+            crate::engines::find(&config.engine).ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
         let isolation = config.isolation(&server.server);
-        // `isolation()` has resolved `auto` already.
         let launch = match isolation {
-            crate::config::Isolation::Thread => Launch::Thread(loader),
-            crate::config::Isolation::Process | crate::config::Isolation::Auto => Launch::Process { engine: config.engine.clone() },
+            crate::config::Placement::Thread => Launch::Thread(engine),
+            crate::config::Placement::Process => Launch::Process { engine: config.engine.clone() },
         };
         let policy = batch_policy(config);
-        let mut options: std::collections::BTreeMap<String, String> = config.precision.iter().map(|p| ("precision".to_string(), p.clone())).collect();
-        options.insert("spin".into(), config.spin.to_string());
-        if let Some(n) = config.pack_tokens {
-            options.insert("pack_tokens".into(), n.to_string());
-        }
-        // Core ML's artifact tables, as "bucket=path" lines.
-        for (name, table) in [("artifacts", &config.artifacts), ("batch_artifacts", &config.batch_artifacts)] {
-            if !table.is_empty() {
-                let lines: Vec<String> = table.iter().map(|(bucket, path)| format!("{bucket}={}", path.path().display())).collect();
-                options.insert(name.into(), lines.join("\n"));
-            }
-        }
-        if let Some(units) = &config.compute_units {
-            options.insert("compute_units".into(), units.clone());
-        }
-        if !config.input_names.is_empty() {
-            options.insert("input_names".into(), config.input_names.join(","));
-        }
-        options.insert("forbidden_devices".into(), server.server.forbidden_devices.join("\n"));
-        // OpenVINO's compile cache: a reload after a keep-alive unload skips compiling.
-        options.insert("cache_dir".into(), server.cache_dir().join("compiled").join(&config.engine).to_string_lossy().into_owned());
         let spec = EngineSpec {
             model_path: config.model.path(),
-            runtime_library: Some(server.runtimes.library(&config.engine)),
+            runtime_library: server.runtimes.library(&config.engine),
             device: config.device.clone(),
             threads: config.threads,
             output: config.output.clone(),
-            options,
+            options: Options(serde_json::Value::Object(config.engine_options.clone())),
+            forbidden_devices: server.server.forbidden_devices.clone(),
+            // A reload after a keep-alive unload skips compiling (OpenVINO).
+            compile_cache: Some(server.cache_dir().join("compiled").join(&config.engine)),
             shapes: policy.buckets.iter().map(|b| (b.max_batch, b.max_tokens)).collect(),
         };
         // A reranker's output is a score: never normalized.
@@ -180,7 +163,8 @@ pub fn check_files(config: &ModelConfig, server: &Config) -> Result<(), String> 
         return Err(format!("model file {} does not exist", model.display()));
     }
     TextTokenizer::from_config(config).map_err(|e| e.to_string())?;
-    crate::engines::open_runtime(&config.engine, &server.runtimes.library(&config.engine)).map(drop)
+    let engine = crate::engines::find(&config.engine).ok_or_else(|| format!("engine {:?} is not compiled into this build", config.engine))?;
+    engine.open(server.runtimes.library(&config.engine).as_deref()).map(drop).map_err(|e| e.to_string())
 }
 
 /// The batcher's policy from a model's config: its buckets, closed by one of

@@ -2,7 +2,7 @@
 //! concurrent traffic: every request makes a load (and evicts another model
 //! or unloads it when done). No request may fail, every answer must be
 //! bit-identical to a run with every model resident, and the unloaded RSS is
-//! sampled. EEANE_CHURN_SECONDS (default 20 here; RELIABILITY.md has the
+//! sampled. EEANE_CHURN_SECONDS (default 20 here; docs/reliability.md has the
 //! 10-minute run).
 
 mod common;

@@ -1,7 +1,7 @@
 //! The fuzz targets' seeds and every input a fuzz run ever crashed on
 //! (tests/fuzz/regressions/TARGET/), replayed through the same target bodies
 //! on stable: a regression fails the ordinary suite. The runs themselves:
-//! RELIABILITY.md.
+//! docs/reliability.md.
 
 #[path = "fuzz/targets.rs"]
 mod targets;

@@ -360,7 +360,7 @@ fn settled_rss_kib(pid: u32, target: u64) -> u64 {
     least
 }
 
-/// Prints the README's memory and cold-load figures:
+/// Prints docs/lifecycle.md's memory and cold-load figures:
 /// `cargo test --release --test lifecycle memory -- --nocapture`
 #[test]
 fn memory_is_given_back_after_an_unload() {

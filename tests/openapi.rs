@@ -35,7 +35,18 @@ fn the_document_is_openapi_3_and_lists_every_route() {
     let mut routes: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
     routes.sort();
     assert_eq!(listed, routes, "the document and the router disagree");
-    for schema in ["EmbeddingsRequest", "EmbeddingsResponse", "RerankRequest", "RerankResponse", "ErrorResponse", "ModelList", "ModelObject", "Reloaded"] {
+    for schema in [
+        "EmbeddingsRequest",
+        "EmbeddingsResponse",
+        "RerankRequest",
+        "RerankResponse",
+        "ErrorResponse",
+        "ModelList",
+        "ModelObject",
+        "Reloaded",
+        "Health",
+        "ModelHealth",
+    ] {
         assert!(doc["components"]["schemas"].get(schema).is_some(), "{schema} missing");
     }
     // Each listed operation is answered (a real answer or a validation error, never "no route").

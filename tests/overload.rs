@@ -2,7 +2,7 @@
 //! (a second process to the server) on loopback. Only 200, 429 and 503 may come
 //! back, each refusal with Retry-After; memory stays bounded; the admitted
 //! requests' latency is reported; right after the load stops the server
-//! answers normally. EEANE_OVERLOAD_SECONDS (default 10 here; RELIABILITY.md
+//! answers normally. EEANE_OVERLOAD_SECONDS (default 10 here; docs/reliability.md
 //! has the 60 s run).
 
 mod common;

@@ -4,20 +4,38 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "tests/run.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
+# The pinned toolchain (rust-toolchain.toml). Offline, rustup cannot fetch it:
+# an installed stable of the same version is linked under its name instead.
+pinned=$(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)
+if command -v rustup >/dev/null && ! rustup run "$pinned" rustc --version >/dev/null 2>&1; then
+  stable=$(RUSTUP_TOOLCHAIN=stable rustc --version 2>/dev/null | awk '{print $2}')
+  if [ "$stable" = "$pinned" ]; then
+    rustup toolchain link "$pinned" "$(RUSTUP_TOOLCHAIN=stable rustc --print sysroot)"
+  else
+    rustup toolchain install "$pinned" --profile minimal --component rustfmt,clippy
+  fi
+fi
+# Where rustup adds targets: a linked toolchain takes them from the one it links to.
+target_toolchain=$pinned
+if command -v rustup >/dev/null && [ "$(rustup run "$pinned" rustc --print sysroot 2>/dev/null)" = "$(RUSTUP_TOOLCHAIN=stable rustc --print sysroot 2>/dev/null)" ]; then
+  target_toolchain=stable
+fi
 # The Python venv, ONNX Runtime, the default model, and cmake for the build;
 # the examples' client packages (their own venv) and nginx (scale-out test).
 EEANE_EXTRA_MODELS="examples test-tools nginx" bash models/setup.sh
 # Build the tests (and with them the eeane binary they run), then pull the test
 # models with it: downloads checked by hash, runtimes installed (OpenVINO from
 # its wheel, ncnn built from its sdist, lavapipe), conversions checked.
-cargo test --release --workspace --locked --no-run 2>&1 | tail -n 1
+# The test-only engine (backends/testing) is compiled in for the tests only.
+features="--features eeane/test-engine"
+cargo test --release --workspace --locked $features --no-run 2>&1 | tail -n 1
 # Gates: formatting (rustfmt.toml) and clippy with warnings as errors; a
 # failure fails the run, after the tests have run too.
 gates=0
 if cargo fmt --all --check >/dev/null 2>&1; then echo "cargo fmt --check: clean"; else
   cargo fmt --all --check 2>&1 | head -n 40; echo "cargo fmt --check: NOT clean (run cargo fmt --all)"; gates=1
 fi
-if lints=$(cargo clippy --release --workspace --all-targets --locked -q -- -D warnings 2>&1); then echo "cargo clippy -D warnings: clean"; else
+if lints=$(cargo clippy --release --workspace --all-targets --locked $features -q -- -D warnings 2>&1); then echo "cargo clippy -D warnings: clean"; else
   echo "$lints" | head -n 60; echo "cargo clippy -D warnings: NOT clean"; gates=1
 fi
 for model in all-minilm-l6-v2-int8 e5-small-enpt e5-small-enpt-int8 e5-small-enpt-ov e5-small-enpt-int8-ov all-minilm-l6-v2-ncnn minilm-reranker; do
@@ -26,10 +44,10 @@ done
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --release --workspace --locked -- --nocapture 2>&1 | tee "$log" || status=$?
+cargo test --release --workspace --locked $features -- --nocapture 2>&1 | tee "$log" || status=$?
 # The Core ML engine's macOS part, type-checked for Apple Silicon (it cannot
 # run here): needs the target's standard library from rustup.
-if rustup target add aarch64-apple-darwin >/dev/null 2>&1; then
+if rustup target add --toolchain "$target_toolchain" aarch64-apple-darwin >/dev/null 2>&1; then
   cargo check --locked --target aarch64-apple-darwin -p eeane-backend-coreml --tests 2>&1 | tail -n 2 || status=1
   echo "Core ML engine (macOS part): type-checked for aarch64-apple-darwin"
 else

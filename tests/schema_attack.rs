@@ -2,7 +2,7 @@
 //! /openapi.json (valid ones and deliberately invalid ones) for every operation,
 //! with the API key and without, and checks that no answer is a 5xx and that
 //! every answer matches the documented status codes, content types, headers
-//! and response schemas. The quick run is part of the suite; RELIABILITY.md
+//! and response schemas. The quick run is part of the suite; docs/reliability.md
 //! gives the long one (EEANE_SCHEMATHESIS_EXAMPLES).
 //!
 //! One check is left out, positive_data_acceptance: some schema-valid requests

@@ -5,7 +5,7 @@
 //! another client asks /health and /v1/embeddings on fresh connections, each
 //! with a 2 s limit, and every stalled connection must be closed by the server
 //! within its timeout plus 1 s. An honest client sending a 1 MB body at
-//! 64 KB/s succeeds. The figures for RELIABILITY.md are printed.
+//! 64 KB/s succeeds. The figures for docs/reliability.md are printed.
 //!
 //! The attack is bounded (1,100 connections, each phase under a minute) and
 //! goes only to the server this test starts on 127.0.0.1.

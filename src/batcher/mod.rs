@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineLoader, EngineSpec, InputShapes, TokenBatch};
+use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineSpec, InputShapes, TokenBatch};
 use tokio::sync::oneshot;
 
 pub use plan::{BatchPolicy, Bucket, Order, Planned, Pool};
@@ -94,10 +94,10 @@ pub struct WorkerStats {
 }
 
 /// How a device thread gets its engine.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum Launch {
     /// Loaded on the device thread itself.
-    Thread(EngineLoader),
+    Thread(&'static dyn Backend),
     /// In a child process (`eeane engine-host`) that the device thread feeds.
     Process { engine: String },
 }
@@ -111,7 +111,7 @@ enum Runner {
 impl Runner {
     fn start(launch: &Launch, model: &str, spec: EngineSpec, pipeline: &Pipeline) -> Result<Self, EngineError> {
         match launch {
-            Launch::Thread(loader) => loader(&spec).map(Runner::Thread),
+            Launch::Thread(engine) => engine.load(&spec).map(Runner::Thread),
             Launch::Process { engine } => HostedEngine::start(HostedModel {
                 model: model.to_string(),
                 engine: engine.clone(),
@@ -482,7 +482,31 @@ fn release_freed_memory() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eeane_backend_core::{Engine, EngineOutput};
+    use eeane_backend_core::{Engine, EngineOutput, Options, PathResolver};
+
+    /// A fake engine's loader as a `Backend`, for the batcher's own tests.
+    struct Loader(fn(&EngineSpec) -> Result<Box<dyn Engine>, EngineError>);
+
+    impl Backend for Loader {
+        fn name(&self) -> &'static str {
+            "echo"
+        }
+        fn default_runtime(&self) -> Option<&'static str> {
+            None
+        }
+        fn open(&self, _: Option<&std::path::Path>) -> Result<String, EngineError> {
+            Ok("echo".into())
+        }
+        fn load(&self, spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+            (self.0)(spec)
+        }
+        fn options(&self, _: &serde_json::Map<String, serde_json::Value>, _: PathResolver) -> Result<Options, String> {
+            Ok(Options::default())
+        }
+    }
+
+    static ECHO: Loader = Loader(echo);
+    static SLOW_ECHO: Loader = Loader(slow_echo);
 
     /// Returns each token's id as its state, so pooling is checkable by hand.
     struct EchoEngine(EngineInfo);
@@ -547,7 +571,7 @@ mod tests {
     async fn several_devices_pull_from_one_pool() {
         let pipeline = two_per_batch();
         let spec = EngineSpec { device: "a,missing,b".into(), ..EngineSpec::default() };
-        let worker = EngineWorker::start("echo", Launch::Thread(slow_echo), spec, pipeline).await.unwrap();
+        let worker = EngineWorker::start("echo", Launch::Thread(&SLOW_ECHO), spec, pipeline).await.unwrap();
         assert_eq!(worker.info().device, "a + b (missing: missing)");
         let seqs: Vec<Encoded> = (1..=40).map(|i| Encoded { ids: vec![i; 1 + i as usize % 5], type_ids: vec![0; 1 + i as usize % 5] }).collect();
         let got = worker.embed(seqs, None).await.unwrap();
@@ -560,7 +584,7 @@ mod tests {
     #[tokio::test]
     async fn vectors_come_back_in_input_order_across_batches() {
         let pipeline = two_per_batch();
-        let worker = EngineWorker::start("echo", Launch::Thread(echo), EngineSpec::default(), pipeline).await.unwrap();
+        let worker = EngineWorker::start("echo", Launch::Thread(&ECHO), EngineSpec::default(), pipeline).await.unwrap();
         let seqs: Vec<Encoded> =
             [vec![4, 4, 4, 4], vec![2], vec![6, 8], vec![10, 10, 10]].into_iter().map(|ids| Encoded { type_ids: vec![0; ids.len()], ids }).collect();
         let got = worker.embed(seqs, None).await.unwrap();

@@ -264,7 +264,7 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, String
     Ok(report)
 }
 
-/// The report as a Markdown table, as the README shows it.
+/// The report as a Markdown table, as docs/performance.md shows it.
 pub fn table(report: &Report, options: &BenchOptions) -> String {
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
     let mut out = format!(

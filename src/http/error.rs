@@ -198,6 +198,7 @@ impl From<&ModelError> for ApiError {
             ModelError::Engine(e @ EngineError::Inference(_)) => ApiError::engine_failed(e.to_string()),
             ModelError::Engine(e @ EngineError::Input(_)) => ApiError::unprocessable("unsupported_input", e.to_string()),
             ModelError::Engine(e) => ApiError::model_unavailable(e.to_string()),
+            ModelError::Integrity(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_integrity", e.to_string()),
         }
     }
 }

@@ -6,15 +6,20 @@ use std::net::SocketAddr;
 use axum::extract::{ConnectInfo, State};
 use axum::Json;
 use governor::clock::{Clock, DefaultClock};
-use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::registry::{KeepAlive, SlotState};
+use crate::config::Placement;
+use crate::registry::{KeepAlive, ModelSlot, SlotState, SlotStatus};
 
 /// Liveness and every model's state; open even with an API key, rate-limited per client.
-#[utoipa::path(get, path = "/health", tag = "operations", responses((status = 200, body = Object), (status = 429, body = super::error::ErrorResponse)))]
-pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/health", tag = "operations", responses((status = 200, body = Health), (status = 429, body = super::error::ErrorResponse)))]
+pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> Result<Json<Health>, ApiError> {
     let live = app.service.live();
     if let Some(limiter) = &live.health_limiter {
         // Keyed state grows with distinct addresses; drop those whose quota has refilled.
@@ -26,77 +31,174 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
             return Err(ApiError::too_many_requests("rate_limited", "Too many /health requests from this address (health_rate_limit)", wait));
         }
     }
-    let models: Vec<Value> = live
-        .registry
-        .slots()
-        .iter()
-        .map(|slot| {
-            let status = slot.status();
-            let c = &slot.counters;
-            let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
-            let mut entry = json!({
-                "id": slot.config.id,
-                "kind": slot.config.kind,
-                "engine": slot.config.engine,
-                "device": slot.config.device,
-                "policy": slot.policy,
-                "keep_alive": match slot.keep_alive {
-                    KeepAlive::Never => -1.0,
-                    KeepAlive::Immediately => 0.0,
-                    KeepAlive::For(d) => d.as_secs_f64(),
-                },
-                "status": status,
-                "counters": {
-                    "requests": load(&c.requests),
-                    "inferences": load(&c.inferences),
-                    "coalesced": load(&c.coalesced),
-                    "loads": load(&c.loads),
-                    "unloads": load(&c.unloads),
-                    "errors": load(&c.errors),
-                },
-            });
-            if let SlotState::Loaded(model) = slot.state() {
+    let models = live.registry.slots().iter().map(|slot| ModelHealth::of(slot)).collect();
+    Ok(Json(Health {
+        status: "ok",
+        version: env!("CARGO_PKG_VERSION"),
+        pending_requests: app.service.pending(),
+        devices: crate::engines::visible_devices()
+            .into_iter()
+            .map(|(api, devices)| (api.to_string(), devices.into_iter().map(Device::from).collect()))
+            .collect(),
+        models,
+    }))
+}
+
+/// The answer of `GET /health`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// "ok" while the server answers.
+    pub status: &'static str,
+    pub version: &'static str,
+    /// Inference requests admitted and not yet answered.
+    pub pending_requests: usize,
+    /// The accelerators each runtime opened so far saw, by API ("vulkan").
+    pub devices: BTreeMap<String, Vec<Device>>,
+    pub models: Vec<ModelHealth>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Device {
+    pub name: String,
+    /// discrete, integrated, virtual, cpu or other.
+    pub kind: String,
+}
+
+impl From<eeane_backend_core::Device> for Device {
+    fn from(d: eeane_backend_core::Device) -> Self {
+        Device { name: d.name, kind: d.kind }
+    }
+}
+
+/// One model's state.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelHealth {
+    pub id: String,
+    /// embedding or reranker.
+    pub kind: String,
+    pub engine: String,
+    /// The device it runs on once loaded (which may differ from the one
+    /// asked for); before that, the one its entry names.
+    pub device: String,
+    /// on_demand, resident or disabled.
+    pub policy: String,
+    /// Seconds it stays loaded after its last request; 0 unloads at once, -1 never.
+    pub keep_alive: f64,
+    #[serde(flatten)]
+    pub status: SlotStatus,
+    pub counters: Counters,
+    #[serde(flatten)]
+    pub loaded_model: Option<LoadedHealth>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Counters {
+    pub requests: u64,
+    /// Requests that ran inference themselves (the rest were coalesced).
+    pub inferences: u64,
+    pub coalesced: u64,
+    pub loads: u64,
+    pub unloads: u64,
+    pub errors: u64,
+}
+
+/// What a loaded model adds.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LoadedHealth {
+    pub precision: String,
+    pub runtime_version: Option<String>,
+    /// Layers on the accelerator: a device attached too late leaves every
+    /// layer on the CPU, silently, and this count shows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accelerated_layers: Option<AcceleratedLayers>,
+    /// Width of its vectors.
+    pub dimensions: usize,
+    pub load_ms: u64,
+    pub engine_calls: EngineCalls,
+    /// process or thread.
+    pub isolation: String,
+    /// The engine's own process per device, for `ps`/`top` and its memory (isolation = process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_pids: Option<Vec<Option<u32>>>,
+    /// Engine processes started again after they died (isolation = process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_restarts: Option<u64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AcceleratedLayers {
+    pub on_device: usize,
+    pub total: usize,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EngineCalls {
+    pub batches: u64,
+    pub rows: u64,
+    /// Tokens the engine computed, padding included.
+    pub padded_tokens: u64,
+    /// Tokens of the sequences themselves.
+    pub real_tokens: u64,
+    /// Batches per device, in the order the devices loaded.
+    pub per_device: Vec<u64>,
+}
+
+/// A config enum's name as the TOML writes it.
+fn name_of(value: impl Serialize) -> String {
+    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+}
+
+impl ModelHealth {
+    fn of(slot: &ModelSlot) -> Self {
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        let c = &slot.counters;
+        let loaded_model = match slot.state() {
+            SlotState::Loaded(model) => Some(model),
+            _ => None,
+        };
+        let device = loaded_model.as_ref().map_or_else(|| slot.config.device.clone(), |m| m.engine_info().device.clone());
+        ModelHealth {
+            id: slot.config.id.clone(),
+            kind: name_of(slot.config.kind),
+            engine: slot.config.engine.clone(),
+            device,
+            policy: name_of(slot.policy),
+            keep_alive: match slot.keep_alive {
+                KeepAlive::Never => -1.0,
+                KeepAlive::Immediately => 0.0,
+                KeepAlive::For(d) => d.as_secs_f64(),
+            },
+            status: slot.status(),
+            counters: Counters {
+                requests: load(&c.requests),
+                inferences: load(&c.inferences),
+                coalesced: load(&c.coalesced),
+                loads: load(&c.loads),
+                unloads: load(&c.unloads),
+                errors: load(&c.errors),
+            },
+            loaded_model: loaded_model.map(|model| {
                 let info = model.engine_info();
-                entry["device"] = json!(info.device);
-                entry["precision"] = json!(info.precision);
-                entry["runtime_version"] = json!(info.runtime_version);
-                if let Some((on, total)) = info.accelerated_layers {
-                    // A device set after load_param silently runs every layer on the
-                    // CPU; the count of layers on the device shows it.
-                    entry["accelerated_layers"] = json!({"on_device": on, "total": total});
-                }
-                entry["dimensions"] = json!(model.dimensions);
-                entry["load_ms"] = json!(model.load_ms);
                 let stats = model.stats();
-                let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
-                entry["engine_calls"] = json!({
-                    "batches": load(&stats.batches),
-                    "rows": load(&stats.rows),
-                    "padded_tokens": load(&stats.padded_tokens),
-                    "real_tokens": load(&stats.real_tokens),
-                    "per_device": *stats.device_batches.locked(),
-                });
-                entry["isolation"] = json!(model.isolation);
-                if model.isolation == crate::config::Isolation::Process {
-                    // The engine's own process per device, for `ps`/`top` and for its memory.
-                    entry["engine_pids"] = json!(*stats.engine_pids.locked());
-                    entry["engine_restarts"] = json!(load(&stats.engine_restarts));
+                let in_process = model.isolation == Placement::Process;
+                LoadedHealth {
+                    precision: info.precision.clone(),
+                    runtime_version: info.runtime_version.clone(),
+                    accelerated_layers: info.accelerated_layers.map(|(on_device, total)| AcceleratedLayers { on_device, total }),
+                    dimensions: model.dimensions,
+                    load_ms: model.load_ms,
+                    engine_calls: EngineCalls {
+                        batches: load(&stats.batches),
+                        rows: load(&stats.rows),
+                        padded_tokens: load(&stats.padded_tokens),
+                        real_tokens: load(&stats.real_tokens),
+                        per_device: stats.device_batches.locked().clone(),
+                    },
+                    isolation: name_of(model.isolation),
+                    engine_pids: in_process.then(|| stats.engine_pids.locked().clone()),
+                    engine_restarts: in_process.then(|| load(&stats.engine_restarts)),
                 }
-            }
-            // Flatten the status fields next to the others.
-            if let Some(fields) = entry.as_object_mut() {
-                if let Some(Value::Object(status)) = fields.remove("status") {
-                    fields.extend(status);
-                }
-            }
-            entry
-        })
-        .collect();
-    Ok(Json(json!({
-        "status": "ok",
-        "version": env!("CARGO_PKG_VERSION"),
-        "pending_requests": app.service.pending(),
-        "devices": crate::engines::visible_devices(),
-        "models": models,
-    })))
+            }),
+        }
+    }
 }

@@ -24,10 +24,10 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 pub fn handle() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
         // Histograms with fixed buckets, not summaries: their memory is a few
-        // counters each, where a summary's rolling sketches were reallocated as
-        // they filled, and fragmented the heap of a long-running server (a
-        // keep_alive = 0 soak grew past 5 % with them); and buckets add up
-        // across replicas behind a load balancer, where quantiles do not.
+        // counters each, where a summary's rolling sketches are reallocated as
+        // they fill and fragment the heap of a long-running server
+        // (docs/lifecycle.md, the soak); and buckets add up across replicas
+        // behind a load balancer, where quantiles do not.
         let buckets = [
             (Matcher::Suffix("_seconds".into()), &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0][..]),
             (Matcher::Full("eeane_batch_rows".into()), &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0][..]),

@@ -82,13 +82,16 @@ pub struct ModelSlot {
 }
 
 /// A snapshot for /health and /v1/models.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SlotStatus {
+    /// unloaded, loading, loaded, failed or disabled.
     pub state: &'static str,
     pub loaded: bool,
+    /// Requests holding the model now.
     pub in_flight: usize,
     /// Unix seconds of the last finished request.
     pub last_used: Option<u64>,
+    /// Why it failed, when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

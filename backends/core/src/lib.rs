@@ -6,10 +6,10 @@
 //! process of its own by default) and feeds it through a channel or a pipe, so
 //! the types that cross are serializable. Unloading is dropping it.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// A padded batch of token sequences, row-major `[batch, seq]`.
@@ -104,8 +104,12 @@ pub struct EngineSpec {
     pub threads: usize,
     /// Name of the output to read; `None` takes the graph's first output.
     pub output: Option<String>,
-    /// Engine-specific settings, passed through untouched.
-    pub options: BTreeMap<String, String>,
+    /// The engine's own options, as its `Backend::options` checked them.
+    pub options: Options,
+    /// GPU names (or substrings) no model may use (the server's `forbidden_devices`).
+    pub forbidden_devices: Vec<String>,
+    /// A directory where the engine may keep compiled models between loads.
+    pub compile_cache: Option<PathBuf>,
     /// The model's length buckets as `(batch, seq)`, ascending: engines that
     /// compile static shapes compile these; dynamic engines ignore them.
     pub shapes: Vec<(usize, usize)>,
@@ -145,8 +149,123 @@ pub trait Engine: Send {
     fn run(&mut self, batch: &TokenBatch) -> Result<EngineOutput, EngineError>;
 }
 
-/// A function that loads an engine; each backend crate exports one.
-pub type EngineLoader = fn(&EngineSpec) -> Result<Box<dyn Engine>, EngineError>;
+/// An engine's options after its `Backend::options` checked them: the typed
+/// struct as JSON. They travel inside `EngineSpec`, across the pipe to an
+/// engine process as JSON text (the pipe's postcard frames are not
+/// self-describing), and the engine reads its struct back with `typed`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Options(pub serde_json::Value);
+
+impl Options {
+    /// Checks `entry` (the model entry's keys that belong to the engine)
+    /// against the engine's options type: unknown keys and bad values are
+    /// refused, naming the key; then `check` runs on the typed value. Returns
+    /// the options in their normal form (defaults filled in).
+    pub fn check<T: Serialize + DeserializeOwned>(
+        entry: &serde_json::Map<String, serde_json::Value>,
+        check: impl FnOnce(&mut T) -> Result<(), String>,
+    ) -> Result<Self, String> {
+        let mut typed: T = serde_json::from_value(serde_json::Value::Object(entry.clone())).map_err(|e| e.to_string())?;
+        check(&mut typed)?;
+        serde_json::to_value(&typed).map(Options).map_err(|e| e.to_string())
+    }
+
+    /// The engine's typed options. `Null` (a spec built without a config, in
+    /// tests) reads as the type's defaults.
+    pub fn typed<T: DeserializeOwned + Default>(&self) -> Result<T, EngineError> {
+        if self.0.is_null() {
+            return Ok(T::default());
+        }
+        serde_json::from_value(self.0.clone()).map_err(|e| EngineError::Model(format!("engine options: {e}")))
+    }
+}
+
+impl Serialize for Options {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.to_string().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Options {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        serde_json::from_str(&text).map(Options).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Where a model's engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// In a child process of its own (`eeane engine-host`), fed through a pipe:
+    /// an unload ends the process, so everything the runtime allocated goes
+    /// back to the OS, and a runtime crash fails only that model's batch in flight.
+    Process,
+    /// On a thread of the server process: no process start per load.
+    Thread,
+}
+
+/// An accelerator a runtime sees, for /health.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    pub name: String,
+    /// "discrete", "integrated", "virtual", "cpu" or "other".
+    pub kind: String,
+}
+
+/// How a runtime finds its devices: the API's name (e.g. "vulkan") and the list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VisibleDevices {
+    pub api: &'static str,
+    pub devices: Vec<Device>,
+}
+
+/// Resolves a path written in a model entry: `{cache}/...`, `~/...`, absolute,
+/// or relative to the config file.
+pub type PathResolver<'a> = &'a dyn Fn(&Path) -> PathBuf;
+
+/// One engine, everything eeane needs to know about it: each backend crate
+/// exports one value of a type implementing this, and eeane's list of engines
+/// is a list of those values.
+pub trait Backend: Sync {
+    /// The name a model entry's `engine` key gives.
+    fn name(&self) -> &'static str;
+
+    /// Where its runtime library is by default (the `[runtimes]` key of the
+    /// same name overrides it), `{cache}` standing for eeane's cache; `None`
+    /// for an engine that opens no library by path.
+    fn default_runtime(&self) -> Option<&'static str>;
+
+    /// Opens the runtime library ahead of any model load; its version.
+    fn open(&self, library: Option<&Path>) -> Result<String, EngineError>;
+
+    /// Loads one model.
+    fn load(&self, spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError>;
+
+    /// Checks the model entry's keys that belong to this engine (its typed
+    /// options, through `Options::check`), once, when the config is read.
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, paths: PathResolver) -> Result<Options, String>;
+
+    /// Where a model runs when its entry and the server leave it to the engine.
+    fn default_isolation(&self, device: &str) -> Isolation {
+        let _ = device;
+        Isolation::Process
+    }
+
+    /// The devices the runtime saw, once it was opened in this process.
+    fn visible_devices(&self) -> Option<VisibleDevices> {
+        None
+    }
+
+    /// Why the engine cannot run on this platform at all, or `None`.
+    fn unavailable(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Hands back what the runtime keeps between models, before the process
+    /// exits; called after the engine threads have ended.
+    fn at_exit(&self) {}
+}
 
 #[cfg(test)]
 mod tests {

@@ -8,13 +8,13 @@
 //! eeANE's compiled-model cache with its `model_info.json`), choosing an
 //! input's bucket, and pairing inputs for the batch-2 artifacts. The part
 //! that calls Core ML (`macos.rs`) is compiled on macOS only; CI type-checks
-//! it for aarch64-apple-darwin, but it has never run (README, "Core ML").
+//! it for aarch64-apple-darwin, but it has never run (docs/engines/coreml.md).
 //! Elsewhere a model naming this engine fails with "needs macOS".
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use eeane_backend_core::{Engine, EngineError, EngineSpec};
+use eeane_backend_core::{Backend, Engine, EngineError, EngineSpec, Options, PathResolver};
 
 #[cfg(target_os = "macos")]
 mod macos;
@@ -174,48 +174,128 @@ pub fn unavailable() -> Option<&'static str> {
     }
 }
 
-/// The artifacts of a model entry: the `artifacts` / `batch_artifacts`
-/// options ("bucket=path" lines) when given, else the eeANE cache directory
-/// that `model` names.
-pub fn artifacts_of(spec: &EngineSpec) -> Result<Artifacts, String> {
-    let table = |name: &str| -> BTreeMap<String, PathBuf> {
-        spec.options
-            .get(name)
-            .map(|lines| lines.lines().filter_map(|l| l.split_once('=')).map(|(b, p)| (b.trim().to_string(), PathBuf::from(p.trim()))).collect())
-            .unwrap_or_default()
-    };
-    let (explicit, batch) = (table("artifacts"), table("batch_artifacts"));
-    if explicit.is_empty() {
+/// Core ML compute units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeUnits {
+    #[default]
+    CpuAndNe,
+    CpuOnly,
+    CpuAndGpu,
+    All,
+}
+
+impl ComputeUnits {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputeUnits::CpuAndNe => "cpu_and_ne",
+            ComputeUnits::CpuOnly => "cpu_only",
+            ComputeUnits::CpuAndGpu => "cpu_and_gpu",
+            ComputeUnits::All => "all",
+        }
+    }
+}
+
+fn default_input_names() -> [String; 2] {
+    ["input_ids".into(), "attention_mask".into()]
+}
+
+/// A model entry's keys for this engine.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoremlOptions {
+    /// Sequence length -> compiled model (.mlmodelc). Empty: `model` is a
+    /// directory of eeANE's compiled-model cache, read from its model_info.json.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub artifacts: BTreeMap<String, PathBuf>,
+    /// Sequence length -> batch-2 compiled model (two inputs of that bucket
+    /// in one call); each bucket needs an `artifacts` entry too.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub batch_artifacts: BTreeMap<String, PathBuf>,
+    #[serde(default)]
+    pub compute_units: ComputeUnits,
+    /// The graph's two input names: the ids', then the mask's.
+    #[serde(default = "default_input_names")]
+    pub input_names: [String; 2],
+}
+
+impl Default for CoremlOptions {
+    fn default() -> Self {
+        Self { artifacts: BTreeMap::new(), batch_artifacts: BTreeMap::new(), compute_units: ComputeUnits::default(), input_names: default_input_names() }
+    }
+}
+
+impl CoremlOptions {
+    /// The tables' paths resolved; the tables checked (positive buckets, no
+    /// batch-2 bucket without its batch-1 artifact).
+    fn check(&mut self, paths: PathResolver) -> Result<(), String> {
+        for path in self.artifacts.values_mut().chain(self.batch_artifacts.values_mut()) {
+            *path = paths(path);
+        }
+        match (self.artifacts.is_empty(), self.batch_artifacts.is_empty()) {
+            (true, false) => Err("batch_artifacts needs an explicit artifacts table beside it".into()),
+            (true, true) => Ok(()),
+            (false, _) => from_tables(&self.artifacts, &self.batch_artifacts).map(drop),
+        }
+    }
+}
+
+/// The Core ML engine, as eeane registers it.
+pub struct Coreml;
+
+impl Backend for Coreml {
+    fn name(&self) -> &'static str {
+        "coreml"
+    }
+
+    /// Core ML is a system framework: nothing to open by path.
+    fn default_runtime(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn open(&self, _library: Option<&Path>) -> Result<String, EngineError> {
+        match self.unavailable() {
+            Some(why) => Err(EngineError::Runtime(why.into())),
+            None => Ok("coreml".into()),
+        }
+    }
+
+    fn load(&self, spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+        self.open(None)?;
+        let options: CoremlOptions = spec.options.typed()?;
+        let artifacts = artifacts_of(spec, &options).map_err(EngineError::Model)?;
+        #[cfg(target_os = "macos")]
+        {
+            let [ids, mask] = &options.input_names;
+            macos::load(&artifacts, options.compute_units.as_str(), [ids.as_str(), mask.as_str()], spec.output.as_deref())
+        }
+        #[cfg(not(target_os = "macos"))]
+        {
+            let _ = artifacts;
+            Err(EngineError::Runtime("the Core ML engine needs macOS".into()))
+        }
+    }
+
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, paths: PathResolver) -> Result<Options, String> {
+        Options::check(entry, |options: &mut CoremlOptions| options.check(paths))
+    }
+
+    fn unavailable(&self) -> Option<&'static str> {
+        if cfg!(target_os = "macos") {
+            None
+        } else {
+            Some("the Core ML engine needs macOS")
+        }
+    }
+}
+
+/// The artifacts of a model entry: its explicit tables when given, else the
+/// eeANE cache directory that `model` names.
+pub fn artifacts_of(spec: &EngineSpec, options: &CoremlOptions) -> Result<Artifacts, String> {
+    if options.artifacts.is_empty() {
         from_cache_dir(&spec.model_path)
     } else {
-        from_tables(&explicit, &batch)
-    }
-}
-
-/// Opens the runtime: fails everywhere this build cannot run Core ML.
-pub fn open(_library: &Path) -> Result<String, EngineError> {
-    match unavailable() {
-        Some(why) => Err(EngineError::Runtime(why.into())),
-        None => Ok("coreml".into()),
-    }
-}
-
-/// Options: `artifacts`, `batch_artifacts` ("bucket=path" lines),
-/// `compute_units` (cpu_and_ne by default), `input_names` ("ids,mask").
-pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
-    open(&spec.model_path)?;
-    let artifacts = artifacts_of(spec).map_err(EngineError::Model)?;
-    #[cfg(target_os = "macos")]
-    {
-        let units = spec.options.get("compute_units").map_or("cpu_and_ne", String::as_str);
-        let names = spec.options.get("input_names").map_or("input_ids,attention_mask", String::as_str);
-        let (ids, mask) = names.split_once(',').unwrap_or(("input_ids", "attention_mask"));
-        macos::load(&artifacts, units, [ids.trim(), mask.trim()], spec.output.as_deref())
-    }
-    #[cfg(not(target_os = "macos"))]
-    {
-        let _ = artifacts;
-        Err(EngineError::Runtime("the Core ML engine needs macOS".into()))
+        from_tables(&options.artifacts, &options.batch_artifacts)
     }
 }
 
@@ -323,8 +403,28 @@ mod tests {
     }
 
     #[test]
+    fn options_are_checked_once_with_paths_resolved() {
+        let resolve = |p: &Path| Path::new("/conf").join(p);
+        let entry = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let ok = Coreml.options(&entry(serde_json::json!({"artifacts": {"128": "s128.mlmodelc"}, "compute_units": "all"})), &resolve).unwrap();
+        let typed: CoremlOptions = ok.typed().unwrap();
+        assert_eq!(typed.artifacts["128"], PathBuf::from("/conf/s128.mlmodelc"));
+        assert_eq!((typed.compute_units, typed.input_names[1].as_str()), (ComputeUnits::All, "attention_mask"));
+        for (bad, needle) in [
+            (serde_json::json!({"compute_units": "gpu"}), "unknown variant"),
+            (serde_json::json!({"batch_artifacts": {"128": "b.mlmodelc"}}), "explicit artifacts"),
+            (serde_json::json!({"artifacts": {"zero": "a"}}), "positive"),
+            (serde_json::json!({"input_names": ["ids"]}), "2"),
+            (serde_json::json!({"spin": true}), "unknown field"),
+        ] {
+            let error = Coreml.options(&entry(bad.clone()), &resolve).unwrap_err();
+            assert!(error.contains(needle), "{bad}: {error}");
+        }
+    }
+
+    #[test]
     fn elsewhere_the_engine_says_it_needs_macos() {
-        let error = open(Path::new("x")).unwrap_err().to_string();
+        let error = Coreml.open(None).unwrap_err().to_string();
         if cfg!(not(target_os = "macos")) {
             assert!(error.contains("needs macOS"), "{error}");
         }

@@ -2,7 +2,7 @@
 //! batch-2 bucket, each fed int32 `[rows, seq]` ids and mask and read back as
 //! pooled vectors `[rows, dim]` or token states `[rows, seq, dim]`.
 //! Type-checked on Linux (`cargo check --target aarch64-apple-darwin`); never
-//! run here (README, "Core ML").
+//! run here (docs/engines/coreml.md).
 
 use std::collections::BTreeMap;
 use std::path::Path;

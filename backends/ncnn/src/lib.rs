@@ -3,18 +3,21 @@
 //! (`shim/eeane_ncnn.cpp`), which this crate opens at run time: the build
 //! needs no ncnn, and a missing one fails only the models that use it.
 //!
-//! Seed 000's traps, all handled in the shim's load order: fp16 storage,
-//! packing and arithmetic are off unless a model asks (fp16 rounds Q and K
-//! before the attention scores accumulate: cosine 0.16), the Vulkan device is
-//! attached before `load_param` (after it, layers silently stay on the CPU),
-//! and every sequence runs at its own length (padding corrupts GPU results).
+//! Three traps of ncnn on old GPUs, all handled in the shim's load order:
+//! fp16 storage, packing and arithmetic are off unless a model asks (fp16
+//! rounds Q and K before the attention scores accumulate: cosine 0.16), the
+//! Vulkan device is attached before `load_param` (after it, layers silently
+//! stay on the CPU), and every sequence runs at its own length (padding
+//! corrupts GPU results).
 
 use std::ffi::{c_char, c_int, c_long, c_void, CStr, CString};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, TokenBatch};
+use eeane_backend_core::{
+    Backend, Device, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, Isolation, Options, PathResolver, TokenBatch, VisibleDevices,
+};
 
 type GpuCount = unsafe extern "C" fn() -> c_int;
 type GpuInfo = unsafe extern "C" fn(c_int, *mut c_char, c_int) -> c_int;
@@ -72,7 +75,7 @@ fn release_gpu_when_idle(shim: Arc<Shim>) {
 /// Before the process exits: releases the GPU instance now if no net holds it
 /// (a delayed release may still be waiting). ncnn's static destructors must
 /// not be the ones to tear it down: on the H200 that crashed at exit.
-pub fn release_gpu_at_exit() {
+fn release_gpu_at_exit() {
     let Some(Ok(shim)) = SHIM.get() else { return };
     let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     GPU_IDLE_GENERATION.fetch_add(1, Ordering::SeqCst);
@@ -118,9 +121,87 @@ fn shim(path: &Path) -> Result<Arc<Shim>, EngineError> {
     .map_err(EngineError::Runtime)
 }
 
+/// The ncnn engine, as eeane registers it.
+pub struct Ncnn;
+
+/// The precision ncnn computes in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    #[serde(alias = "f32")]
+    Fp32,
+    /// fp16 storage, packing and arithmetic: off by default, because fp16
+    /// Q·K overflows in attention on old GPUs.
+    #[serde(alias = "f16")]
+    Fp16,
+}
+
+/// A model entry's keys for this engine.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NcnnOptions {
+    #[serde(default)]
+    pub precision: Precision,
+    /// Most tokens of sequences packed side by side into one run; unset takes
+    /// 512 on Vulkan and 128 on the CPU, 1 runs each sequence alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack_tokens: Option<usize>,
+}
+
+impl Backend for Ncnn {
+    fn name(&self) -> &'static str {
+        "ncnn"
+    }
+
+    fn default_runtime(&self) -> Option<&'static str> {
+        Some("{cache}/runtimes/ncnn/libeeane_ncnn.so")
+    }
+
+    fn open(&self, library: Option<&Path>) -> Result<String, EngineError> {
+        open(library.ok_or_else(no_library)?)
+    }
+
+    fn load(&self, spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+        load(spec)
+    }
+
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, String> {
+        Options::check(entry, |options: &mut NcnnOptions| match options.pack_tokens {
+            Some(0) => Err("pack_tokens must be at least 1 (1 runs each sequence alone)".into()),
+            _ => Ok(()),
+        })
+    }
+
+    /// A model on a Vulkan GPU runs on a thread of the server, because engines
+    /// in separate processes each create their own Vulkan instance and device,
+    /// and the GPU time-slices between processes instead of running their work
+    /// side by side (docs/engines/ncnn.md has the measurement); elsewhere, a process.
+    fn default_isolation(&self, device: &str) -> Isolation {
+        if device.split(',').any(|d| d.trim().starts_with("vulkan")) {
+            Isolation::Thread
+        } else {
+            Isolation::Process
+        }
+    }
+
+    fn visible_devices(&self) -> Option<VisibleDevices> {
+        let devices = DEVICES.get()?.iter().map(|(name, kind)| Device { name: name.clone(), kind: kind.to_string() }).collect();
+        Some(VisibleDevices { api: "vulkan", devices })
+    }
+
+    fn at_exit(&self) {
+        release_gpu_at_exit();
+    }
+}
+
+fn no_library() -> EngineError {
+    EngineError::Runtime("no ncnn shim configured".into())
+}
+
 /// Opens the shim (and ncnn), and lists the Vulkan devices once for /health;
 /// a missing shim shows at start-up.
-pub fn open(path: &Path) -> Result<String, EngineError> {
+fn open(path: &Path) -> Result<String, EngineError> {
     let shim = shim(path)?;
     if DEVICES.get().is_none() {
         let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -129,11 +210,6 @@ pub fn open(path: &Path) -> Result<String, EngineError> {
         let _ = DEVICES.set(devices);
     }
     Ok("ncnn".to_string())
-}
-
-/// The Vulkan devices seen when ncnn was first opened (None before that).
-pub fn visible_devices() -> Option<Vec<(String, &'static str)>> {
-    DEVICES.get().cloned()
 }
 
 /// The Vulkan devices ncnn sees: (name, kind). Creates the GPU instance.
@@ -213,17 +289,15 @@ const PACK_TOKENS_CPU: usize = 128;
 // also serialises calls on a net.
 unsafe impl Send for NcnnEngine {}
 
-/// Options: `precision` = "fp16" turns fp16 storage, packing and arithmetic on
-/// (off by default: fp16 Q·K overflows in attention on old GPUs),
-/// `forbidden_devices` = newline-separated names,
-/// `pack_tokens` = tokens per packed run (1 runs each sequence alone).
-pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
-    let library = spec.runtime_library.as_deref().ok_or_else(|| EngineError::Runtime("no ncnn shim configured".into()))?;
+/// Loads one net on the CPU or the Vulkan device `spec.device` names, never
+/// one of `spec.forbidden_devices`.
+fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+    let options: NcnnOptions = spec.options.typed()?;
+    let library = spec.runtime_library.as_deref().ok_or_else(no_library)?;
     let shim = shim(library)?;
-    let forbidden: Vec<String> = spec.options.get("forbidden_devices").map(|s| s.lines().map(str::to_string).collect()).unwrap_or_default();
     let _guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let device = resolve_device(library, &spec.device, &forbidden).inspect_err(|_| release_gpu_if_unused(&shim))?;
-    let fp16 = spec.options.get("precision").is_some_and(|v| matches!(v.to_lowercase().as_str(), "fp16" | "f16"));
+    let device = resolve_device(library, &spec.device, &spec.forbidden_devices).inspect_err(|_| release_gpu_if_unused(&shim))?;
+    let fp16 = options.precision == Precision::Fp16;
     let param = spec.model_path.clone();
     let bin = param.with_extension("bin");
     if !param.is_file() || !bin.is_file() {
@@ -257,10 +331,8 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         accelerated_layers: Some((on_vulkan.max(0) as usize, total.max(0) as usize)),
         runtime_version: Some("ncnn 1.0.20261020".into()),
     };
-    let pack_tokens = match spec.options.get("pack_tokens").map(|v| v.parse::<usize>()) {
-        // The config refuses 0; anything unreadable runs each sequence alone.
-        Some(Ok(n)) => n.max(1),
-        Some(Err(_)) => 1,
+    let pack_tokens = match options.pack_tokens {
+        Some(n) => n.max(1),
         None if gpu >= 0 => PACK_TOKENS_GPU,
         None => PACK_TOKENS_CPU,
     };

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, TokenBatch};
+use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, Options, PathResolver, TokenBatch};
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
@@ -47,10 +47,50 @@ fn open_runtime(library: &Path) -> Result<Runtime, String> {
     Ok((env, version))
 }
 
-/// Opens the runtime library (once per process) and returns its version, so a
-/// missing or wrong library shows at start-up rather than at the first request.
-pub fn open(library: &Path) -> Result<String, EngineError> {
-    runtime(library).map(|(_, version)| version.clone())
+/// The ONNX Runtime engine, as eeane registers it.
+pub struct OnnxRuntime;
+
+/// A model entry's keys for this engine.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnnxRuntimeOptions {
+    /// Let the compute threads spin between operations. Off by default:
+    /// spinning threads steal the cores that tokenization and HTTP need
+    /// between forward passes on a small machine.
+    #[serde(default)]
+    pub spin: bool,
+    /// The graph's precision as /health reports it ("int8" for a quantized
+    /// graph); ONNX Runtime runs the graph as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
+}
+
+impl Backend for OnnxRuntime {
+    fn name(&self) -> &'static str {
+        "onnxruntime"
+    }
+
+    fn default_runtime(&self) -> Option<&'static str> {
+        Some("{cache}/runtimes/onnxruntime/libonnxruntime.so")
+    }
+
+    /// Opens the runtime library (once per process) and returns its version, so a
+    /// missing or wrong library shows at start-up rather than at the first request.
+    fn open(&self, library: Option<&Path>) -> Result<String, EngineError> {
+        runtime(library.ok_or_else(no_library)?).map(|(_, version)| version.clone())
+    }
+
+    fn load(&self, spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+        load(spec)
+    }
+
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, String> {
+        Options::check(entry, |_: &mut OnnxRuntimeOptions| Ok(()))
+    }
+}
+
+fn no_library() -> EngineError {
+    EngineError::Runtime("no ONNX Runtime library path configured".into())
 }
 
 /// Sessions alive in this process; when the last one goes, the library's code
@@ -77,8 +117,9 @@ pub struct OnnxRuntimeEngine {
 }
 
 /// Loads `spec.model_path` on the CPU execution provider.
-pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
-    let library = spec.runtime_library.as_deref().ok_or_else(|| EngineError::Runtime("no ONNX Runtime library path configured".into()))?;
+fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+    let options: OnnxRuntimeOptions = spec.options.typed()?;
+    let library = spec.runtime_library.as_deref().ok_or_else(no_library)?;
     let (env, version) = runtime(library)?;
     if spec.device != "cpu" {
         return Err(EngineError::Device(format!("device {:?} is not available to this build's ONNX Runtime engine; use \"cpu\"", spec.device)));
@@ -92,10 +133,7 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     if spec.threads > 0 {
         builder = builder.with_intra_threads(spec.threads).map_err(|e| model_err(e.into()))?;
     }
-    // Spinning compute threads steal the cores that tokenization and HTTP need
-    // between forward passes; "spin = true" in the model's options turns it back on.
-    let spin = spec.options.get("spin").is_some_and(|v| v == "true");
-    builder = builder.with_intra_op_spinning(spin).map_err(|e| model_err(e.into()))?;
+    builder = builder.with_intra_op_spinning(options.spin).map_err(|e| model_err(e.into()))?;
     let session = builder.commit_from_file(&spec.model_path).map_err(model_err)?;
 
     let input_names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
@@ -117,7 +155,7 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
                 return Err(EngineError::Model(format!("output {:?} is {ty}, eeane reads float32", output.name())));
             }
             // ONNX Runtime runs the graph at its own precision; the config may name it.
-            spec.options.get("precision").cloned().unwrap_or_else(|| "as-graph".into())
+            options.precision.clone().unwrap_or_else(|| "as-graph".into())
         }
         other => return Err(EngineError::Model(format!("output {:?} is {other}, expected a rank 2 or 3 tensor", output.name()))),
     };

@@ -10,14 +10,67 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, TokenBatch};
+use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, Options, PathResolver, TokenBatch};
 use openvino::{Core, DeviceType, ElementType, InferRequest, PartialShape, RwPropertyKey, Shape, Tensor};
 
 static RUNTIME: OnceLock<Result<String, String>> = OnceLock::new();
 
+/// The OpenVINO engine, as eeane registers it.
+pub struct OpenVino;
+
+/// The inference precision hint. The model's own precision (f32) unless the
+/// config says otherwise: on CPUs with AVX512-BF16 OpenVINO would otherwise
+/// run an fp32 graph in bf16.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    #[serde(alias = "fp32")]
+    F32,
+    Bf16,
+    #[serde(alias = "fp16")]
+    F16,
+    /// A Q/DQ graph: its scales are kept and the rest runs in f32.
+    Int8,
+}
+
+/// A model entry's keys for this engine.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenVinoOptions {
+    #[serde(default)]
+    pub precision: Precision,
+}
+
+impl Backend for OpenVino {
+    fn name(&self) -> &'static str {
+        "openvino"
+    }
+
+    fn default_runtime(&self) -> Option<&'static str> {
+        Some("{cache}/runtimes/openvino/libopenvino_c.so")
+    }
+
+    fn open(&self, library: Option<&Path>) -> Result<String, EngineError> {
+        open(library.ok_or_else(no_library)?)
+    }
+
+    fn load(&self, spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+        load(spec)
+    }
+
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, String> {
+        Options::check(entry, |_: &mut OpenVinoOptions| Ok(()))
+    }
+}
+
+fn no_library() -> EngineError {
+    EngineError::Runtime("no OpenVINO library configured".into())
+}
+
 /// Opens the OpenVINO C library once per process and returns its version.
 /// The first path wins: OpenVINO cannot be loaded twice.
-pub fn open(path: &Path) -> Result<String, EngineError> {
+fn open(path: &Path) -> Result<String, EngineError> {
     RUNTIME
         .get_or_init(|| {
             if !path.is_file() {
@@ -77,26 +130,22 @@ fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> EngineError {
     move |e| EngineError::Model(format!("{what}: {e}"))
 }
 
-/// Loads the model and compiles one static shape per entry of `spec.shapes`.
-/// Options: `precision` = f32 | bf16 | f16 | int8 (the inference precision
-/// hint; int8 graphs keep their Q/DQ scales and run the rest in f32),
-/// `cache_dir` (OpenVINO's compile cache).
-pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
-    let library = spec.runtime_library.as_deref().ok_or_else(|| EngineError::Runtime("no OpenVINO library configured".into()))?;
+/// Loads the model and compiles one static shape per entry of `spec.shapes`,
+/// through OpenVINO's compile cache in `spec.compile_cache`.
+fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
+    let options: OpenVinoOptions = spec.options.typed()?;
+    let library = spec.runtime_library.as_deref().ok_or_else(no_library)?;
     let version = open(library)?;
     let mut core = Core::new().map_err(|e| EngineError::Runtime(format!("OpenVINO core: {e}")))?;
     let (present, missing) = pick_devices(&core, &spec.device)?;
     let device = present[0].clone();
     let device_type = DeviceType::Other(device.clone().into());
 
-    // The model's own precision unless the config says otherwise: on CPUs with
-    // AVX512-BF16 OpenVINO would otherwise run an fp32 graph in bf16.
-    let precision = spec.options.get("precision").map(String::as_str).unwrap_or("f32").to_lowercase();
-    let hint = match precision.as_str() {
-        "f32" | "fp32" | "int8" => "f32",
-        "bf16" => "bf16",
-        "f16" | "fp16" => "f16",
-        other => return Err(EngineError::Model(format!("precision {other:?}: use f32, bf16, f16 or int8"))),
+    let (precision, hint) = match options.precision {
+        Precision::F32 => ("f32", "f32"),
+        Precision::Int8 => ("int8", "f32"),
+        Precision::Bf16 => ("bf16", "bf16"),
+        Precision::F16 => ("f16", "f16"),
     };
     let set = |core: &mut Core, key: RwPropertyKey, value: &str| {
         core.set_property(&device_type, &key, value).map_err(|e| EngineError::Device(format!("{device}: cannot set {}={value}: {e}", key.as_ref())))
@@ -106,9 +155,9 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     if spec.threads > 0 {
         set(&mut core, RwPropertyKey::InferenceNumThreads, &spec.threads.to_string())?;
     }
-    if let Some(dir) = spec.options.get("cache_dir").filter(|d| !d.is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| EngineError::Runtime(format!("cache_dir {dir}: {e}")))?;
-        set(&mut core, RwPropertyKey::CacheDir, dir)?;
+    if let Some(dir) = &spec.compile_cache {
+        std::fs::create_dir_all(dir).map_err(|e| EngineError::Runtime(format!("compile cache {}: {e}", dir.display())))?;
+        set(&mut core, RwPropertyKey::CacheDir, &dir.to_string_lossy())?;
     }
 
     let path = &spec.model_path;
@@ -160,7 +209,7 @@ pub fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let info = EngineInfo {
         engine: "openvino".into(),
         device: shown,
-        precision,
+        precision: precision.into(),
         shapes: InputShapes::Fixed(spec.shapes.clone()),
         takes_token_type_ids: inputs.iter().any(|n| n == "token_type_ids"),
         seq_multiple: 1,

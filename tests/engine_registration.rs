@@ -1,0 +1,110 @@
+//! Adding an engine is one crate and one line. The test-only engine
+//! (backends/testing, Cargo feature `test-engine`, which tests/run.sh turns
+//! on) is named in `src/engines.rs` and nowhere else in `src/`, and it serves
+//! over HTTP like any engine: its options checked from the model entry, an
+//! engine process, the batcher, pooling, /v1/embeddings and /health.
+
+mod common;
+
+#[cfg(not(feature = "test-engine"))]
+#[test]
+fn the_test_engine_is_compiled_in() {
+    panic!("build the tests with `--features eeane/test-engine` (tests/run.sh does)");
+}
+
+#[cfg(feature = "test-engine")]
+mod with_test_engine {
+    use std::process::Command;
+
+    use serde_json::json;
+
+    use super::common::{minilm_dir, Server};
+
+    fn entry(extra: &str) -> String {
+        let tokenizer = minilm_dir().join("tokenizer.json");
+        // The engine reads no model file; the entry names one, as every entry must.
+        format!("[[models]]\nid = \"hashed\"\nengine = \"testing\"\nmodel = \"{0}\"\ntokenizer = \"{0}\"\nmax_tokens = 64\n{extra}\n", tokenizer.display())
+    }
+
+    /// What the engine must serve for `text`: its token states (a fixed
+    /// function of the ids), mean-pooled and normalized, computed here from
+    /// the tokenizer alone.
+    fn expected(text: &str, dimensions: usize) -> Vec<f32> {
+        let tokenizer = tokenizers::Tokenizer::from_file(minilm_dir().join("tokenizer.json")).unwrap();
+        let ids = tokenizer.encode(text, true).unwrap().get_ids().to_vec();
+        let mut mean = vec![0f64; dimensions];
+        for &id in &ids {
+            for (j, m) in mean.iter_mut().enumerate() {
+                *m += eeane_backend_testing::token_state(id as i64, j) as f64 / ids.len() as f64;
+            }
+        }
+        let norm = mean.iter().map(|x| x * x).sum::<f64>().sqrt();
+        mean.iter().map(|x| (x / norm) as f32).collect()
+    }
+
+    #[test]
+    fn a_test_only_engine_serves_over_http() {
+        let server = Server::start(Some(&entry("dimensions = 16")), &[]);
+        let texts = ["a test-only engine", "registered in one place", "serves over HTTP without edits elsewhere"];
+        let vectors = server.embed(json!(texts), json!({"model": "hashed"}));
+        for (text, got) in texts.iter().zip(&vectors) {
+            let want = expected(text, 16);
+            assert_eq!(got.len(), 16);
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(worst < 1e-6, "{text:?}: max |diff| {worst}\n got {got:?}\nwant {want:?}");
+        }
+        let health = server.model_health("hashed");
+        assert_eq!(health["engine"], "testing", "{health}");
+        // The engine's own default isolation: a process, fed through a pipe.
+        assert_eq!(health["isolation"], "process", "{health}");
+        assert!(health["engine_pids"][0].as_u64().is_some(), "{health}");
+    }
+
+    fn check_config(config: &str) -> (bool, String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("eeane.toml");
+        std::fs::write(&path, config).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_eeane")).args(["check-config", "--config"]).arg(&path).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    #[test]
+    fn its_options_are_checked_once_and_reported() {
+        let (ok, stdout, stderr) = check_config(&entry("dimensions = 16"));
+        assert!(ok, "{stderr}");
+        let resolved: toml::Value = toml::from_str(&stdout).unwrap();
+        assert_eq!(resolved["models"][0]["dimensions"].as_integer(), Some(16), "{stdout}");
+        // A default the engine fills in is reported too.
+        let (ok, stdout, stderr) = check_config(&entry(""));
+        assert!(ok, "{stderr}");
+        assert!(stdout.contains("dimensions = 8"), "{stdout}");
+        for (line, needle) in [("dimensions = 0", "dimensions = 0: use 1 to 4096"), ("dimensionz = 3", "unknown field `dimensionz`"), ("spin = true", "`spin`")]
+        {
+            let (ok, _, stderr) = check_config(&entry(line));
+            assert!(!ok, "{line} passed");
+            assert!(stderr.contains(needle) && stderr.contains("models[0]"), "{line}: {stderr}");
+        }
+    }
+
+    #[test]
+    fn src_names_the_engine_in_one_place() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut mentions = Vec::new();
+        let mut dirs = vec![root.join("src")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    let count = text.matches("eeane_backend_testing").count() + text.matches("\"testing\"").count();
+                    if count > 0 {
+                        mentions.push((path.strip_prefix(root).unwrap().display().to_string(), count));
+                    }
+                }
+            }
+        }
+        assert_eq!(mentions, [("src/engines.rs".to_string(), 1)], "the test engine is named outside its one line");
+    }
+}
