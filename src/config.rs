@@ -273,19 +273,19 @@ fn default_max_batch_tokens() -> usize {
 /// One length bucket of a model: sequences up to `max_tokens`, `max_batch` per batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct BucketConfig {
+pub struct Bucket {
     pub max_tokens: usize,
     pub max_batch: usize,
 }
 
 /// Buckets doubling from 32 tokens up to `max_tokens`, each about 4,096
 /// tokens a batch (between 4 and 64 rows).
-pub fn length_ladder(max_tokens: usize) -> Vec<BucketConfig> {
+pub fn length_ladder(max_tokens: usize) -> Vec<Bucket> {
     let mut ladder = Vec::new();
     let mut tokens = 32;
     loop {
         let t = tokens.min(max_tokens);
-        ladder.push(BucketConfig { max_tokens: t, max_batch: (4096 / t.max(1)).clamp(4, 64) });
+        ladder.push(Bucket { max_tokens: t, max_batch: (4096 / t.max(1)).clamp(4, 64) });
         if t >= max_tokens {
             return ladder;
         }
@@ -383,7 +383,7 @@ pub struct ModelConfig {
     pub max_batch: usize,
     /// Length buckets, ascending; unset means one bucket of max_tokens and max_batch.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub buckets: Vec<BucketConfig>,
+    pub buckets: Vec<Bucket>,
     /// Most tokens (rows x padded length) in one forward pass.
     #[serde(default = "default_max_batch_tokens")]
     pub max_batch_tokens: usize,

@@ -6,8 +6,7 @@ use std::time::Instant;
 
 use eeane_backend_core::{EngineError, EngineSpec, Options};
 
-use crate::batcher::{BatchPolicy, Bucket, EngineWorker, Launch, Order, Pipeline, WorkerError};
-use crate::config::BatchOrder;
+use crate::batcher::{BatchPolicy, Bucket, EngineWorker, Launch, Pipeline, WorkerError};
 use crate::config::{Config, ModelConfig};
 pub use crate::tokenize::Inputs;
 use crate::tokenize::{Encoded, TextTokenizer, TokenizeError};
@@ -175,8 +174,7 @@ pub fn batch_policy(config: &ModelConfig) -> BatchPolicy {
         crate::config::LongText::Truncate => config.max_tokens,
         crate::config::LongText::Window => config.window,
     };
-    let mut buckets: Vec<Bucket> =
-        config.buckets.iter().filter(|b| b.max_tokens <= longest).map(|b| Bucket { max_tokens: b.max_tokens, max_batch: b.max_batch }).collect();
+    let mut buckets: Vec<Bucket> = config.buckets.iter().filter(|b| b.max_tokens <= longest).copied().collect();
     if buckets.last().is_none_or(|b| b.max_tokens < longest) {
         buckets.push(Bucket { max_tokens: longest, max_batch: config.max_batch });
     }
@@ -185,10 +183,7 @@ pub fn batch_policy(config: &ModelConfig) -> BatchPolicy {
         max_batch_tokens: config.max_batch_tokens,
         pad_to_multiple_of: config.pad_to_multiple_of.unwrap_or(0),
         pad_to_bucket: false,
-        order: match config.batch_order {
-            BatchOrder::Sorted => Order::Sorted,
-            BatchOrder::Arrival => Order::Arrival,
-        },
+        order: config.batch_order,
     }
 }
 

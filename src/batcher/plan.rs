@@ -13,18 +13,7 @@
 
 use std::collections::HashMap;
 
-/// One length bucket: sequences up to `max_tokens` tokens, at most `max_batch` per batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bucket {
-    pub max_tokens: usize,
-    pub max_batch: usize,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Order {
-    Sorted,
-    Arrival,
-}
+pub use crate::config::{BatchOrder as Order, Bucket};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchPolicy {

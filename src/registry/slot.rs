@@ -84,7 +84,7 @@ pub struct ModelSlot {
 /// A snapshot for /health and /v1/models.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SlotStatus {
-    /// unloaded, loading, loaded, failed or disabled.
+    /// unloaded, loaded or failed.
     pub state: &'static str,
     pub loaded: bool,
     /// Requests holding the model now.
