@@ -128,11 +128,9 @@ pub enum Isolation {
     /// a thread for ncnn on a Vulkan GPU, a process for the rest.
     #[default]
     Auto,
-    /// In a child process of its own (`eeane engine-host`), fed through a pipe:
-    /// an unload ends the process, so everything the runtime allocated goes
-    /// back to the OS, and a runtime crash fails only that model's batch in flight.
+    /// `Placement::Process`: a child process of its own.
     Process,
-    /// On a thread of the server process: no process start per load.
+    /// `Placement::Thread`: a thread of the server process.
     Thread,
 }
 

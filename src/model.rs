@@ -195,7 +195,7 @@ mod blocking_tests {
     async fn a_panic_in_blocking_work_is_an_error_naming_the_model() {
         let e = blocking("m", "tokenizer", || -> u32 { panic!("bad byte at 7") }).await.unwrap_err();
         assert!(matches!(&e, ModelError::Panicked { model, what: "tokenizer", message } if model == "m" && message == "bad byte at 7"), "{e}");
-        let api = crate::http::error::ApiError::from(&e);
+        let api = crate::http::error::ApiError::from(crate::serving::RequestError::from(&e));
         assert_eq!(api.status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(blocking("m", "tokenizer", || 3).await.unwrap(), 3);
     }

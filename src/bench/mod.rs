@@ -154,10 +154,7 @@ async fn over_http(
     let next = Arc::new(AtomicUsize::new(0));
     let bar = progress(label, texts.len());
     let client = reqwest::Client::new();
-    let slot_model = service.live().registry.find(Some(model)).and_then(|s| match s.state() {
-        crate::registry::SlotState::Loaded(m) => Some(m),
-        _ => None,
-    });
+    let slot_model = service.loaded_model(model);
     let before = slot_model.as_deref().map(snapshot);
     let started = Instant::now();
     let tasks: Vec<_> = (0..clients)

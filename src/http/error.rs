@@ -4,12 +4,8 @@
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use eeane_backend_core::EngineError;
 
-use crate::model::ModelError;
-use crate::registry::AcquireError;
-use crate::serving::ServeError;
-use crate::tokenize::TokenizeError;
+use crate::serving::{Fault, RequestError};
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -70,18 +66,6 @@ impl ApiError {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", code, message)
     }
 
-    pub fn model_not_found(name: &str, servable: &[&str]) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            format!("The model {name:?} does not exist. Servable models: {}", servable.join(", ")),
-        )
-        .with_param("model")
-        // The request log keeps the name that was asked for.
-        .with_model(name)
-    }
-
     /// 408: the body stopped arriving for longer than server.body_read_timeout.
     pub fn body_timeout() -> Self {
         Self::new(
@@ -102,16 +86,6 @@ impl ApiError {
 
     pub fn method_not_allowed() -> Self {
         Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", "Method not allowed on this route")
-    }
-
-    /// 503: the model cannot serve now (failed load, missing runtime, stopped engine).
-    pub fn model_unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_unavailable", message)
-    }
-
-    /// 500: the engine failed on this input.
-    pub fn engine_failed(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "engine_error", message)
     }
 }
 
@@ -159,46 +133,37 @@ impl IntoResponse for ApiError {
 /// Seconds a client should wait after a 503 that more capacity may cure.
 const RETRY_AFTER_UNAVAILABLE: u64 = 5;
 
-/// 429: the server already holds max_pending_requests.
-impl From<crate::serving::Overloaded> for ApiError {
-    fn from(o: crate::serving::Overloaded) -> Self {
-        ApiError::too_many_requests("too_many_pending_requests", format!("{} requests are already pending (max_pending_requests)", o.limit), 1)
-    }
-}
-
-impl From<ServeError> for ApiError {
-    fn from(e: ServeError) -> Self {
-        match e {
-            ServeError::Model(e) => ApiError::from(&*e),
-            ServeError::Acquire(e @ AcquireError::LoadFailed(_)) => ApiError::model_unavailable(e.to_string()).with_retry_after(RETRY_AFTER_UNAVAILABLE),
-            ServeError::Acquire(e @ AcquireError::NoRoom(_)) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "no_room", e.to_string()).with_retry_after(1)
-            }
-            ServeError::Acquire(e @ AcquireError::Timeout) => queue_timeout(e.to_string()),
-        }
-    }
-}
-
-fn queue_timeout(message: String) -> ApiError {
-    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "queue_timeout", message).with_retry_after(RETRY_AFTER_UNAVAILABLE)
-}
-
-impl From<&ModelError> for ApiError {
-    fn from(e: &ModelError) -> Self {
-        match e {
-            ModelError::QueueTimeout => queue_timeout(e.to_string()),
-            ModelError::Panicked { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", e.to_string()),
-            ModelError::Tokenize(e @ TokenizeError::OutOfVocabulary { input, position, .. }) => ApiError::unprocessable(
-                "token_id_out_of_vocabulary",
-                format!("{e}. Token ids must come from this model's own tokenizer (not tiktoken; LangChain users: set check_embedding_ctx_length=False)"),
-            )
-            .with_param(format!("input[{input}][{position}]")),
-            ModelError::Tokenize(e @ TokenizeError::Tokenizer(_)) => ApiError::invalid_request("tokenization_failed", e.to_string()).with_param("input"),
-            ModelError::Tokenize(e @ TokenizeError::QueryTooLong { .. }) => ApiError::invalid_request("query_too_long", e.to_string()).with_param("query"),
-            ModelError::Engine(e @ EngineError::Inference(_)) => ApiError::engine_failed(e.to_string()),
-            ModelError::Engine(e @ EngineError::Input(_)) => ApiError::unprocessable("unsupported_input", e.to_string()),
-            ModelError::Engine(e) => ApiError::model_unavailable(e.to_string()),
-            ModelError::Integrity(e) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_integrity", e.to_string()),
+/// Serving's refusals and failures, in OpenAI's shape.
+impl From<RequestError> for ApiError {
+    fn from(e: RequestError) -> Self {
+        use StatusCode as S;
+        let (status, kind, code, retry_after) = match &e.fault {
+            Fault::UnknownModel { .. } => (S::NOT_FOUND, "invalid_request_error", "model_not_found", None),
+            Fault::NotAnEmbeddingModel => (S::BAD_REQUEST, "invalid_request_error", "not_an_embedding_model", None),
+            Fault::NotAReranker => (S::BAD_REQUEST, "invalid_request_error", "not_a_reranker", None),
+            Fault::NoRerankModel => (S::BAD_REQUEST, "invalid_request_error", "no_rerank_model", None),
+            Fault::UnknownPrompt => (S::BAD_REQUEST, "invalid_request_error", "unknown_prompt", None),
+            Fault::PromptWithTokenIds => (S::BAD_REQUEST, "invalid_request_error", "prompt_with_token_ids", None),
+            Fault::TokenIdsNotAccepted => (S::BAD_REQUEST, "invalid_request_error", "token_ids_not_accepted", None),
+            Fault::InvalidDimensions => (S::BAD_REQUEST, "invalid_request_error", "invalid_dimensions", None),
+            Fault::Overloaded => (S::TOO_MANY_REQUESTS, "rate_limit_error", "too_many_pending_requests", Some(1)),
+            Fault::OutOfVocabulary => (S::UNPROCESSABLE_ENTITY, "invalid_request_error", "token_id_out_of_vocabulary", None),
+            Fault::Tokenization => (S::BAD_REQUEST, "invalid_request_error", "tokenization_failed", None),
+            Fault::QueryTooLong => (S::BAD_REQUEST, "invalid_request_error", "query_too_long", None),
+            Fault::QueueTimeout => (S::SERVICE_UNAVAILABLE, "server_error", "queue_timeout", Some(RETRY_AFTER_UNAVAILABLE)),
+            Fault::NoRoom => (S::SERVICE_UNAVAILABLE, "server_error", "no_room", Some(1)),
+            Fault::Unavailable => (S::SERVICE_UNAVAILABLE, "server_error", "model_unavailable", Some(RETRY_AFTER_UNAVAILABLE)),
+            Fault::Integrity => (S::SERVICE_UNAVAILABLE, "server_error", "model_integrity", None),
+            Fault::EngineFailed => (S::INTERNAL_SERVER_ERROR, "server_error", "engine_error", None),
+            Fault::UnsupportedInput => (S::UNPROCESSABLE_ENTITY, "invalid_request_error", "unsupported_input", None),
+            Fault::Internal => (S::INTERNAL_SERVER_ERROR, "server_error", "internal_error", None),
+        };
+        let mut error = ApiError::new(status, kind, code, e.message);
+        error.param = e.param;
+        error.model = e.model;
+        match retry_after {
+            Some(seconds) => error.with_retry_after(seconds),
+            None => error,
         }
     }
 }

@@ -1,21 +1,14 @@
 //! `GET /health`: open even with an API key, rate-limited per client IP.
 
-use crate::sync::Recover;
 use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, State};
 use axum::Json;
 use governor::clock::{Clock, DefaultClock};
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::config::Placement;
-use crate::registry::{KeepAlive, ModelSlot, SlotState, SlotStatus};
+use crate::serving::Health;
 
 /// Liveness and every model's state; open even with an API key, rate-limited per client.
 #[utoipa::path(get, path = "/health", tag = "operations", responses((status = 200, body = Health), (status = 429, body = super::error::ErrorResponse)))]
@@ -31,174 +24,5 @@ pub async fn health(State(app): State<AppState>, ConnectInfo(peer): ConnectInfo<
             return Err(ApiError::too_many_requests("rate_limited", "Too many /health requests from this address (health_rate_limit)", wait));
         }
     }
-    let models = live.registry.slots().iter().map(|slot| ModelHealth::of(slot)).collect();
-    Ok(Json(Health {
-        status: "ok",
-        version: env!("CARGO_PKG_VERSION"),
-        pending_requests: app.service.pending(),
-        devices: crate::engines::visible_devices()
-            .into_iter()
-            .map(|(api, devices)| (api.to_string(), devices.into_iter().map(Device::from).collect()))
-            .collect(),
-        models,
-    }))
-}
-
-/// The answer of `GET /health`.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Health {
-    /// "ok" while the server answers.
-    pub status: &'static str,
-    pub version: &'static str,
-    /// Inference requests admitted and not yet answered.
-    pub pending_requests: usize,
-    /// The accelerators each runtime opened so far saw, by API ("vulkan").
-    pub devices: BTreeMap<String, Vec<Device>>,
-    pub models: Vec<ModelHealth>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Device {
-    pub name: String,
-    /// discrete, integrated, virtual, cpu or other.
-    pub kind: String,
-}
-
-impl From<eeane_backend_core::Device> for Device {
-    fn from(d: eeane_backend_core::Device) -> Self {
-        Device { name: d.name, kind: d.kind }
-    }
-}
-
-/// One model's state.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ModelHealth {
-    pub id: String,
-    /// embedding or reranker.
-    pub kind: String,
-    pub engine: String,
-    /// The device it runs on once loaded (which may differ from the one
-    /// asked for); before that, the one its entry names.
-    pub device: String,
-    /// on_demand, resident or disabled.
-    pub policy: String,
-    /// Seconds it stays loaded after its last request; 0 unloads at once, -1 never.
-    pub keep_alive: f64,
-    #[serde(flatten)]
-    pub status: SlotStatus,
-    pub counters: Counters,
-    #[serde(flatten)]
-    pub loaded_model: Option<LoadedHealth>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Counters {
-    pub requests: u64,
-    /// Requests that ran inference themselves (the rest were coalesced).
-    pub inferences: u64,
-    pub coalesced: u64,
-    pub loads: u64,
-    pub unloads: u64,
-    pub errors: u64,
-}
-
-/// What a loaded model adds.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct LoadedHealth {
-    pub precision: String,
-    pub runtime_version: Option<String>,
-    /// Layers on the accelerator: a device attached too late leaves every
-    /// layer on the CPU, silently, and this count shows it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub accelerated_layers: Option<AcceleratedLayers>,
-    /// Width of its vectors.
-    pub dimensions: usize,
-    pub load_ms: u64,
-    pub engine_calls: EngineCalls,
-    /// process or thread.
-    pub isolation: String,
-    /// The engine's own process per device, for `ps`/`top` and its memory (isolation = process).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub engine_pids: Option<Vec<Option<u32>>>,
-    /// Engine processes started again after they died (isolation = process).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub engine_restarts: Option<u64>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct AcceleratedLayers {
-    pub on_device: usize,
-    pub total: usize,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct EngineCalls {
-    pub batches: u64,
-    pub rows: u64,
-    /// Tokens the engine computed, padding included.
-    pub padded_tokens: u64,
-    /// Tokens of the sequences themselves.
-    pub real_tokens: u64,
-    /// Batches per device, in the order the devices loaded.
-    pub per_device: Vec<u64>,
-}
-
-/// A config enum's name as the TOML writes it.
-fn name_of(value: impl Serialize) -> String {
-    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
-}
-
-impl ModelHealth {
-    fn of(slot: &ModelSlot) -> Self {
-        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
-        let c = &slot.counters;
-        let loaded_model = match slot.state() {
-            SlotState::Loaded(model) => Some(model),
-            _ => None,
-        };
-        let device = loaded_model.as_ref().map_or_else(|| slot.config.device.clone(), |m| m.engine_info().device.clone());
-        ModelHealth {
-            id: slot.config.id.clone(),
-            kind: name_of(slot.config.kind),
-            engine: slot.config.engine.clone(),
-            device,
-            policy: name_of(slot.policy),
-            keep_alive: match slot.keep_alive {
-                KeepAlive::Never => -1.0,
-                KeepAlive::Immediately => 0.0,
-                KeepAlive::For(d) => d.as_secs_f64(),
-            },
-            status: slot.status(),
-            counters: Counters {
-                requests: load(&c.requests),
-                inferences: load(&c.inferences),
-                coalesced: load(&c.coalesced),
-                loads: load(&c.loads),
-                unloads: load(&c.unloads),
-                errors: load(&c.errors),
-            },
-            loaded_model: loaded_model.map(|model| {
-                let info = model.engine_info();
-                let stats = model.stats();
-                let in_process = model.isolation == Placement::Process;
-                LoadedHealth {
-                    precision: info.precision.clone(),
-                    runtime_version: info.runtime_version.clone(),
-                    accelerated_layers: info.accelerated_layers.map(|(on_device, total)| AcceleratedLayers { on_device, total }),
-                    dimensions: model.dimensions,
-                    load_ms: model.load_ms,
-                    engine_calls: EngineCalls {
-                        batches: load(&stats.batches),
-                        rows: load(&stats.rows),
-                        padded_tokens: load(&stats.padded_tokens),
-                        real_tokens: load(&stats.real_tokens),
-                        per_device: stats.device_batches.locked().clone(),
-                    },
-                    isolation: name_of(model.isolation),
-                    engine_pids: in_process.then(|| stats.engine_pids.locked().clone()),
-                    engine_restarts: in_process.then(|| load(&stats.engine_restarts)),
-                }
-            }),
-        }
-    }
+    Ok(Json(app.service.health()))
 }

@@ -4,7 +4,6 @@
 //! counters, loaded state, pending requests and process memory are read at
 //! scrape time from the registry and /proc, so they cannot drift.
 
-use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -15,7 +14,6 @@ use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use super::AppState;
-use crate::registry::SlotState;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -75,30 +73,24 @@ fn process_kib(field: &str) -> Option<u64> {
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, content_type = "text/plain", body = String)))]
 pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     let handle = handle();
-    let live = app.service.live();
     metrics::gauge!("eeane_pending_requests").set(app.service.pending() as f64);
-    for slot in live.registry.slots() {
-        let id = slot.config.id.clone();
-        let c = &slot.counters;
+    for model in app.service.model_states() {
+        let id = model.id;
+        let c = &model.counters;
         for (name, value) in [
-            ("eeane_model_requests_total", &c.requests),
-            ("eeane_model_inferences_total", &c.inferences),
-            ("eeane_model_coalesced_total", &c.coalesced),
-            ("eeane_model_errors_total", &c.errors),
-            ("eeane_model_loads_total", &c.loads),
-            ("eeane_model_unloads_total", &c.unloads),
+            ("eeane_model_requests_total", c.requests),
+            ("eeane_model_inferences_total", c.inferences),
+            ("eeane_model_coalesced_total", c.coalesced),
+            ("eeane_model_errors_total", c.errors),
+            ("eeane_model_loads_total", c.loads),
+            ("eeane_model_unloads_total", c.unloads),
         ] {
-            metrics::counter!(name, "model" => id.clone()).absolute(value.load(Ordering::Relaxed));
+            metrics::counter!(name, "model" => id.clone()).absolute(value);
         }
-        let state = slot.state();
-        let waiting = match &state {
-            SlotState::Loaded(model) => model.stats().waiting_sequences.load(Ordering::Relaxed),
-            _ => 0,
-        };
+        let waiting = model.loaded_model.as_ref().map_or(0, |m| m.engine_calls.queued_sequences);
         metrics::gauge!("eeane_model_queued_sequences", "model" => id.clone()).set(waiting as f64);
-        let loaded = matches!(state, SlotState::Loaded(_));
-        metrics::gauge!("eeane_model_loaded", "model" => id.clone()).set(if loaded { 1.0 } else { 0.0 });
-        metrics::gauge!("eeane_model_in_flight", "model" => id).set(slot.status().in_flight as f64);
+        metrics::gauge!("eeane_model_loaded", "model" => id.clone()).set(if model.status.loaded { 1.0 } else { 0.0 });
+        metrics::gauge!("eeane_model_in_flight", "model" => id).set(model.status.in_flight as f64);
     }
     for (name, field) in [("eeane_process_resident_bytes", "VmRSS:"), ("eeane_process_anonymous_bytes", "RssAnon:")] {
         if let Some(kib) = process_kib(field) {

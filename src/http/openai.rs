@@ -14,10 +14,7 @@ use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema,
 
 use super::error::ApiError;
 use super::AppState;
-use crate::model::Inputs;
-use crate::pooling::truncate_dimensions;
-use crate::registry::{KeepAlive, SlotState};
-use std::sync::Arc;
+use crate::serving::{EmbedRequest, Embedded, Inputs, KeepAlive};
 use std::time::Duration;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -43,32 +40,6 @@ pub struct EmbeddingsRequest {
     /// Accepted for compatibility; unused.
     #[allow(dead_code)]
     pub user: Option<String>,
-}
-
-/// Puts the prompt a request names (else the model's default prompt) before
-/// each text input, as sentence-transformers' `encode(prompt_name=...)` does.
-/// Token-id inputs are the model's own ids already: a named prompt is refused
-/// for them, and no default applies.
-pub fn apply_prompt(inputs: Inputs, model: &crate::config::ModelConfig, prompt_name: Option<&str>) -> Result<Inputs, ApiError> {
-    let prompt = match prompt_name {
-        Some(name) => Some(model.prompts.get(name).ok_or_else(|| {
-            let known = if model.prompts.is_empty() {
-                "it has none".to_string()
-            } else {
-                format!("its prompts: {}", model.prompts.keys().cloned().collect::<Vec<_>>().join(", "))
-            };
-            ApiError::invalid_request("unknown_prompt", format!("model {:?} has no prompt {name:?}; {known}", model.id)).with_param("prompt_name")
-        })?),
-        None => model.default_prompt_name.as_ref().and_then(|name| model.prompts.get(name)),
-    };
-    match (inputs, prompt) {
-        (Inputs::Texts(texts), Some(prompt)) => Ok(Inputs::Texts(texts.into_iter().map(|t| format!("{prompt}{t}")).collect())),
-        (Inputs::TokenIds(_), Some(_)) if prompt_name.is_some() => {
-            Err(ApiError::invalid_request("prompt_with_token_ids", "prompt_name applies to text input; token ids are taken as they are")
-                .with_param("prompt_name"))
-        }
-        (inputs, _) => Ok(inputs),
-    }
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -271,59 +242,26 @@ pub fn parse_embeddings(body: &[u8], max_inputs: usize) -> Result<ParsedEmbeddin
 #[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings", request_body = EmbeddingsRequest,
     responses((status = 200, body = EmbeddingsResponse), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
 pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
-    let live = app.service.live();
-    let ParsedEmbeddings { request, inputs, keep_alive, flat_ids } = parse_embeddings(&read_body(body)?, live.config.server.max_inputs)?;
-    let slot = live
-        .registry
-        .find(request.model.as_deref())
-        .ok_or_else(|| ApiError::model_not_found(request.model.as_deref().unwrap_or(""), &live.registry.embedding_ids()))?;
-    if slot.config.kind == crate::config::ModelKind::Reranker {
-        return Err(ApiError::invalid_request("not_an_embedding_model", format!("{:?} is a reranker: use /v1/rerank", slot.config.id))
-            .with_param("model")
-            .with_model(&slot.config.id));
-    }
-    let inputs = apply_prompt(inputs, &slot.config, request.prompt_name.as_deref()).map_err(|e| e.with_model(&slot.config.id))?;
-    if matches!(inputs, Inputs::TokenIds(_)) && !slot.config.accepts_token_ids(&live.config.server) {
-        return Err(ApiError::invalid_request(
-            "token_ids_not_accepted",
-            format!(
-                "model {:?} takes text, not token ids. LangChain's OpenAIEmbeddings sends tiktoken ids unless \
-                 check_embedding_ctx_length=False, and those are not this model's vocabulary: set \
-                 OpenAIEmbeddings(..., check_embedding_ctx_length=False) to send text. A client that sends this \
-                 model's own tokenizer ids can be allowed with accept_token_ids = true on its [[models]] entry",
-                slot.config.id
-            ),
-        )
-        .with_param("input")
-        .with_model(&slot.config.id));
-    }
-    let _admitted = app.service.admit(&live).map_err(|o| ApiError::from(o).with_model(&slot.config.id))?;
-    let result = app.service.embed(&live, slot, inputs, keep_alive, live.deadline()).await.map_err(|e| {
-        let mut error = ApiError::from(e);
-        if flat_ids {
-            error.param = error.param.map(|p| p.replacen("input[0]", "input", 1));
-        }
-        error.with_model(&slot.config.id)
-    })?;
-    // The vectors are shared only when the request was coalesced; otherwise take them.
-    let tokens = result.tokens;
-    let vectors = Arc::try_unwrap(result).map_or_else(|shared| shared.vectors.clone(), |own| own.vectors);
-    let width = vectors.first().map_or(0, Vec::len);
-    if let Some(dims) = request.dimensions {
-        if dims == 0 || dims > width {
-            return Err(ApiError::invalid_request("invalid_dimensions", format!("dimensions must be between 1 and {width} for this model"))
-                .with_param("dimensions")
-                .with_model(&slot.config.id));
-        }
-    }
+    let max_inputs = app.service.live().config.server.max_inputs;
+    let ParsedEmbeddings { request, inputs, keep_alive, flat_ids } = parse_embeddings(&read_body(body)?, max_inputs)?;
+    let embedded = app
+        .service
+        .embed(EmbedRequest { model: request.model, inputs, prompt_name: request.prompt_name, dimensions: request.dimensions, keep_alive })
+        .await
+        .map_err(|e| {
+            let mut error = ApiError::from(e);
+            // A flat list of ids is one input: its errors name input[j], not input[0][j].
+            if flat_ids {
+                error.param = error.param.map(|p| p.replacen("input[0]", "input", 1));
+            }
+            error
+        })?;
+    let Embedded { model, vectors, tokens } = embedded;
     let format = request.encoding_format.unwrap_or_default();
     let data: Vec<EmbeddingData> = vectors
         .into_iter()
         .enumerate()
-        .map(|(index, mut v)| {
-            if let Some(dims) = request.dimensions {
-                truncate_dimensions(&mut v, dims);
-            }
+        .map(|(index, v)| {
             let embedding = match format {
                 EncodingFormat::Float => EmbeddingValue::Float(v),
                 EncodingFormat::Base64 => {
@@ -334,8 +272,8 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
             EmbeddingData { object: "embedding", index, embedding }
         })
         .collect();
-    let summary = super::RequestSummary { model: slot.config.id.clone(), inputs: data.len(), tokens };
-    let response = EmbeddingsResponse { object: "list", data, model: slot.config.id.clone(), usage: Usage { prompt_tokens: tokens, total_tokens: tokens } };
+    let summary = super::RequestSummary { model: model.clone(), inputs: data.len(), tokens };
+    let response = EmbeddingsResponse { object: "list", data, model, usage: Usage { prompt_tokens: tokens, total_tokens: tokens } };
     Ok((axum::Extension(summary), Json(response)))
 }
 
@@ -356,14 +294,12 @@ pub struct ModelObject {
     pub created: u64,
     pub owned_by: &'static str,
     /// "embedding" or "reranker".
-    #[schema(value_type = String)]
-    pub kind: crate::config::ModelKind,
+    pub kind: String,
     pub engine: String,
     pub aliases: Vec<String>,
     pub max_tokens: usize,
     /// "on_demand", "resident" or "disabled".
-    #[schema(value_type = String)]
-    pub load_policy: crate::config::LoadPolicy,
+    pub load_policy: String,
     /// The vector's length, once the model is loaded.
     pub dimensions: Option<usize>,
     /// "unloaded", "loaded" or "failed".
@@ -374,31 +310,23 @@ pub struct ModelObject {
 /// Every servable model, with its state.
 #[utoipa::path(get, path = "/v1/models", tag = "models", responses((status = 200, body = ModelList)))]
 pub async fn models(State(app): State<AppState>) -> Json<ModelList> {
-    let live = app.service.live();
-    let data = live
-        .registry
-        .slots()
-        .iter()
-        .map(|slot| {
-            let dimensions = match slot.state() {
-                SlotState::Loaded(m) => Some(m.dimensions),
-                _ => None,
-            };
-            let status = slot.status();
-            ModelObject {
-                id: slot.config.id.clone(),
-                object: "model",
-                created: 0,
-                owned_by: "eeane",
-                kind: slot.config.kind,
-                engine: slot.config.engine.clone(),
-                aliases: slot.config.aliases.clone(),
-                max_tokens: slot.config.max_tokens,
-                load_policy: slot.policy,
-                dimensions,
-                state: status.state,
-                loaded: status.loaded,
-            }
+    let data = app
+        .service
+        .model_states()
+        .into_iter()
+        .map(|m| ModelObject {
+            id: m.id,
+            object: "model",
+            created: 0,
+            owned_by: "eeane",
+            kind: m.kind,
+            engine: m.engine,
+            aliases: m.aliases,
+            max_tokens: m.max_tokens,
+            load_policy: m.policy,
+            dimensions: m.loaded_model.map(|l| l.dimensions),
+            state: m.status.state,
+            loaded: m.status.loaded,
         })
         .collect();
     Json(ModelList { object: "list", data })

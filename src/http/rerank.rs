@@ -17,8 +17,7 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::openai::{parse_json, parse_keep_alive, read_body};
 use super::AppState;
-use crate::config::{ModelKind, ScoreActivation};
-use crate::model::Inputs;
+use crate::serving::{KeepAlive, Ranked, RerankRequest as ServeRerank};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct RerankRequest {
@@ -72,21 +71,6 @@ pub struct RerankResponse {
     created: u64,
 }
 
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
-    let norm = |v: &[f32]| v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
-    let denominator = norm(a) * norm(b);
-    if denominator > 0.0 {
-        dot / denominator
-    } else {
-        0.0
-    }
-}
-
 fn documents(values: Option<Vec<Value>>, max: usize) -> Result<Vec<String>, ApiError> {
     let values = values.ok_or_else(|| ApiError::invalid_request("missing_documents", "documents is required").with_param("documents"))?;
     if values.is_empty() {
@@ -113,9 +97,6 @@ fn documents(values: Option<Vec<Value>>, max: usize) -> Result<Vec<String>, ApiE
         .collect()
 }
 
-/// What Infinity's own client (infinity-client) sends as `model` when none is set.
-const INFINITY_NO_MODEL: &str = "default/not-specified";
-
 /// A rerank request checked as far as it can be without a model (the fuzz
 /// target `request_bodies` drives this with arbitrary bytes).
 pub struct ParsedRerank {
@@ -124,7 +105,7 @@ pub struct ParsedRerank {
     pub query: String,
     pub docs: Vec<String>,
     pub top_n: usize,
-    pub keep_alive: Option<crate::registry::KeepAlive>,
+    pub keep_alive: Option<KeepAlive>,
 }
 
 pub fn parse_rerank(body: &[u8], max_inputs: usize) -> Result<ParsedRerank, ApiError> {
@@ -148,51 +129,13 @@ pub fn parse_rerank(body: &[u8], max_inputs: usize) -> Result<ParsedRerank, ApiE
 #[utoipa::path(post, path = "/v1/rerank", tag = "rerank", request_body = RerankRequest,
     responses((status = 200, body = RerankResponse), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
 pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
-    let live = app.service.live();
-    let ParsedRerank { request, query, docs, top_n, keep_alive } = parse_rerank(&read_body(body)?, live.config.server.max_inputs)?;
-    // Infinity's generated client sends "default/not-specified" when no model is set.
-    let slot = match request.model.as_deref().filter(|name| *name != INFINITY_NO_MODEL) {
-        Some(name) => live.registry.find(Some(name)).ok_or_else(|| ApiError::model_not_found(name, &live.registry.reranking_ids()))?,
-        None => live.registry.default_reranker().ok_or_else(|| {
-            ApiError::invalid_request("no_rerank_model", "no model here reranks: add a kind = \"reranker\" entry, or rerank = true on an embedding entry")
-                .with_param("model")
-        })?,
-    };
-    let cross_encoder = slot.config.kind == ModelKind::Reranker;
-    if !cross_encoder && !slot.config.rerank {
-        return Err(ApiError::invalid_request(
-            "not_a_reranker",
-            format!("{:?} is an embedding model: use /v1/embeddings, or set rerank = true on its entry to rank by cosine", slot.config.id),
-        )
-        .with_param("model")
-        .with_model(&slot.config.id));
-    }
-    let _admitted = app.service.admit(&live).map_err(|o| ApiError::from(o).with_model(&slot.config.id))?;
-    // The documents move into the inputs; a copy is kept only to return them.
+    let max_inputs = app.service.live().config.server.max_inputs;
+    let ParsedRerank { request, query, docs, top_n, keep_alive } = parse_rerank(&read_body(body)?, max_inputs)?;
+    // The documents move into the request; a copy is kept only to return them.
     let count = docs.len();
     let returned = request.return_documents.then(|| docs.clone());
-    let inputs = if cross_encoder { Inputs::Pairs { query, documents: docs } } else { Inputs::Texts(std::iter::once(query).chain(docs).collect()) };
-    let result = app.service.embed(&live, slot, inputs, keep_alive, live.deadline()).await.map_err(|e| {
-        let mut error = ApiError::from(e);
-        // Pairs and texts are tokenized as "input"; here they are the documents.
-        if error.param.as_deref() == Some("input") {
-            error.param = Some("documents".into());
-        }
-        error.with_model(&slot.config.id)
-    })?;
-    let scores: Vec<f64> = if cross_encoder {
-        result
-            .vectors
-            .iter()
-            .map(|v| v.first().copied().unwrap_or(f32::NAN) as f64)
-            .map(|x| match (request.raw_scores, slot.config.score_activation) {
-                (false, ScoreActivation::Sigmoid) => sigmoid(x),
-                _ => x,
-            })
-            .collect()
-    } else {
-        result.vectors[1..].iter().map(|d| cosine(&result.vectors[0], d)).collect()
-    };
+    let ranked = app.service.rerank(ServeRerank { model: request.model, query, documents: docs, raw_scores: request.raw_scores, keep_alive }).await?;
+    let Ranked { model, scores, tokens } = ranked;
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
     let results = order
@@ -200,11 +143,10 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
         .take(top_n)
         .map(|index| RerankResult { index, relevance_score: scores[index], document: returned.as_ref().map(|d| d[index].clone()) })
         .collect();
-    let tokens = result.tokens;
-    let summary = super::RequestSummary { model: slot.config.id.clone(), inputs: count, tokens };
+    let summary = super::RequestSummary { model: model.clone(), inputs: count, tokens };
     let response = RerankResponse {
         object: "rerank",
-        model: slot.config.id.clone(),
+        model,
         results,
         usage: Usage { prompt_tokens: tokens, total_tokens: tokens },
         id: format!("rerank-{:032x}", rand::rng().random::<u128>()),
@@ -225,12 +167,5 @@ mod tests {
         assert_eq!(documents(None, 10).unwrap_err().code, "missing_documents");
         assert_eq!(documents(Some(vec![Value::from("a"); 3]), 2).unwrap_err().code, "too_many_documents");
         assert_eq!(documents(Some(vec![Value::from(1)]), 2).unwrap_err().param.as_deref(), Some("documents[0]"));
-    }
-
-    #[test]
-    fn sigmoid_and_cosine() {
-        assert!((sigmoid(0.0) - 0.5).abs() < 1e-12);
-        assert!((cosine(&[1.0, 0.0], &[2.0, 0.0]) - 1.0).abs() < 1e-12);
-        assert_eq!(cosine(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
     }
 }

@@ -3,6 +3,11 @@
 //! preflight and shutdown. Knows nothing of HTTP.
 
 mod coalesce;
+mod requests;
+mod status;
+
+pub use requests::{EmbedRequest, Embedded, Fault, Inputs, KeepAlive, Ranked, RequestError, RerankRequest};
+pub use status::{AcceleratedLayers, Counters, Device, EngineCalls, Health, LoadedHealth, ModelHealth};
 
 use crate::sync::RecoverRw;
 use std::net::IpAddr;
@@ -15,8 +20,8 @@ use std::time::{Duration, Instant};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::config::{find_file, CliOverrides, Config, ConfigError, LoadPolicy};
-use crate::model::{check_files, Embeddings, Inputs, ModelError};
-use crate::registry::{AcquireError, KeepAlive, ModelSlot, Registry};
+use crate::model::{check_files, Embeddings, ModelError};
+use crate::registry::{AcquireError, ModelSlot, Registry};
 use coalesce::Coalescer;
 
 /// Why an inference request failed; cloneable, as coalesced requests share it.
@@ -31,7 +36,7 @@ pub enum ServeError {
 /// One consistent view of config and models; a reload builds a new one.
 pub struct Live {
     pub config: Arc<Config>,
-    pub registry: Registry,
+    registry: Registry,
     pub health_limiter: Option<DefaultKeyedRateLimiter<IpAddr>>,
 }
 
@@ -103,7 +108,7 @@ impl Service {
     }
 
     /// Counts a request in, unless max_pending_requests are already in.
-    pub fn admit(&self, live: &Live) -> Result<Admitted<'_>, Overloaded> {
+    fn admit(&self, live: &Live) -> Result<Admitted<'_>, Overloaded> {
         let limit = live.config.server.max_pending_requests;
         let before = self.pending.fetch_add(1, Ordering::AcqRel);
         let admitted = Admitted(&self.pending);
@@ -113,9 +118,9 @@ impl Service {
         Ok(admitted)
     }
 
-    /// Embeds `inputs` with `slot`'s model, loading it if needed; an identical
+    /// Runs `inputs` through `slot`'s model, loading it if needed; an identical
     /// request in flight is joined rather than run again.
-    pub async fn embed(
+    async fn run(
         &self,
         live: &Live,
         slot: &Arc<ModelSlot>,
@@ -209,6 +214,14 @@ impl Service {
         }
         tracing::info!(added = ?summary.added, removed = ?summary.removed, "config reloaded");
         Ok(summary)
+    }
+
+    /// The model named, if it is loaded (for `eeane bench`'s engine counters).
+    pub fn loaded_model(&self, name: &str) -> Option<Arc<crate::model::LoadedModel>> {
+        match self.live().registry.find(Some(name))?.state() {
+            crate::registry::SlotState::Loaded(model) => Some(model),
+            _ => None,
+        }
     }
 
     /// Unloads every model (after the HTTP server has drained).

@@ -332,7 +332,7 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         runtime_version: Some("ncnn 1.0.20261020".into()),
     };
     let pack_tokens = match options.pack_tokens {
-        Some(n) => n.max(1),
+        Some(n) => n,
         None if gpu >= 0 => PACK_TOKENS_GPU,
         None => PACK_TOKENS_CPU,
     };

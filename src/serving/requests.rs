@@ -1,0 +1,319 @@
+//! The requests serving answers, and why it refuses or fails one: the types
+//! every API surface speaks to serving in. A surface parses its own body
+//! into these, and maps a `RequestError`'s `Fault` to its own status and
+//! error shape; it needs nothing from the registry, the model or the engines.
+
+use std::sync::Arc;
+
+pub use crate::registry::KeepAlive;
+pub use crate::tokenize::Inputs;
+
+use super::{ServeError, Service};
+use crate::config::{ModelKind, ScoreActivation};
+use crate::model::ModelError;
+use crate::registry::{AcquireError, ModelSlot};
+use crate::tokenize::TokenizeError;
+use eeane_backend_core::EngineError;
+
+/// What Infinity's own client (infinity-client) sends as `model` when none is set.
+const INFINITY_NO_MODEL: &str = "default/not-specified";
+
+pub struct EmbedRequest {
+    /// An id or alias; `None` takes the first embedding model.
+    pub model: Option<String>,
+    pub inputs: Inputs,
+    /// One of the model's prompts, put before each text input; `None` takes
+    /// the model's default prompt, if it has one.
+    pub prompt_name: Option<String>,
+    /// Keep the first n values of each vector, renormalized.
+    pub dimensions: Option<usize>,
+    pub keep_alive: Option<KeepAlive>,
+}
+
+pub struct Embedded {
+    /// The model's id.
+    pub model: String,
+    pub vectors: Vec<Vec<f32>>,
+    /// Tokens the model processed, special tokens and prompts included.
+    pub tokens: usize,
+}
+
+pub struct RerankRequest {
+    /// An id or alias; `None` (or infinity-client's "default/not-specified")
+    /// takes the default reranker.
+    pub model: Option<String>,
+    pub query: String,
+    pub documents: Vec<String>,
+    /// A cross-encoder's logits as they are, without its activation.
+    pub raw_scores: bool,
+    pub keep_alive: Option<KeepAlive>,
+}
+
+pub struct Ranked {
+    /// The model's id.
+    pub model: String,
+    /// One score per document, in the documents' order.
+    pub scores: Vec<f64>,
+    pub tokens: usize,
+}
+
+/// What went wrong, for each API surface to map to its own status and code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// No model has the name asked for; the models that could have answered.
+    UnknownModel {
+        servable: Vec<String>,
+    },
+    NotAnEmbeddingModel,
+    NotAReranker,
+    NoRerankModel,
+    UnknownPrompt,
+    PromptWithTokenIds,
+    TokenIdsNotAccepted,
+    InvalidDimensions,
+    /// max_pending_requests are already in.
+    Overloaded,
+    /// A token id outside the model's vocabulary.
+    OutOfVocabulary,
+    Tokenization,
+    QueryTooLong,
+    /// The request waited longer than queue_timeout.
+    QueueTimeout,
+    /// max_loaded_models are loaded and busy.
+    NoRoom,
+    /// The model could not load, or cannot serve now.
+    Unavailable,
+    /// A model file does not match its manifest.
+    Integrity,
+    /// The engine failed on this input.
+    EngineFailed,
+    /// The engine cannot take this input.
+    UnsupportedInput,
+    /// A bug, caught: the server keeps serving.
+    Internal,
+}
+
+#[derive(Debug, Clone)]
+pub struct RequestError {
+    pub fault: Fault,
+    pub message: String,
+    /// The request field at fault, when one is.
+    pub param: Option<String>,
+    /// The model the request was for, once known (the name asked for when no
+    /// model has it), for the request log and per-model metrics.
+    pub model: Option<String>,
+}
+
+impl RequestError {
+    fn new(fault: Fault, message: impl Into<String>) -> Self {
+        Self { fault, message: message.into(), param: None, model: None }
+    }
+
+    fn param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    fn model(mut self, model: &str) -> Self {
+        self.model = Some(model.to_string());
+        self
+    }
+
+    fn unknown_model(name: &str, servable: Vec<&str>) -> Self {
+        let message = format!("The model {name:?} does not exist. Servable models: {}", servable.join(", "));
+        Self::new(Fault::UnknownModel { servable: servable.into_iter().map(str::to_string).collect() }, message).param("model").model(name)
+    }
+
+    fn overloaded(limit: usize) -> Self {
+        Self::new(Fault::Overloaded, format!("{limit} requests are already pending (max_pending_requests)"))
+    }
+}
+
+impl From<ServeError> for RequestError {
+    fn from(e: ServeError) -> Self {
+        let message = e.to_string();
+        match e {
+            ServeError::Acquire(AcquireError::LoadFailed(_)) => Self::new(Fault::Unavailable, message),
+            ServeError::Acquire(AcquireError::NoRoom(_)) => Self::new(Fault::NoRoom, message),
+            ServeError::Acquire(AcquireError::Timeout) => Self::new(Fault::QueueTimeout, message),
+            ServeError::Model(e) => Self::from(&*e),
+        }
+    }
+}
+
+impl From<&ModelError> for RequestError {
+    fn from(e: &ModelError) -> Self {
+        let message = e.to_string();
+        match e {
+            ModelError::QueueTimeout => Self::new(Fault::QueueTimeout, message),
+            ModelError::Panicked { .. } => Self::new(Fault::Internal, message),
+            ModelError::Tokenize(TokenizeError::OutOfVocabulary { input, position, .. }) => Self::new(
+                Fault::OutOfVocabulary,
+                format!("{message}. Token ids must come from this model's own tokenizer (not tiktoken; LangChain users: set check_embedding_ctx_length=False)"),
+            )
+            .param(format!("input[{input}][{position}]")),
+            ModelError::Tokenize(TokenizeError::Tokenizer(_)) => Self::new(Fault::Tokenization, message).param("input"),
+            ModelError::Tokenize(TokenizeError::QueryTooLong { .. }) => Self::new(Fault::QueryTooLong, message).param("query"),
+            ModelError::Engine(EngineError::Inference(_)) => Self::new(Fault::EngineFailed, message),
+            ModelError::Engine(EngineError::Input(_)) => Self::new(Fault::UnsupportedInput, message),
+            ModelError::Engine(_) => Self::new(Fault::Unavailable, message),
+            ModelError::Integrity(_) => Self::new(Fault::Integrity, message),
+        }
+    }
+}
+
+impl Service {
+    /// Embeds a request's inputs with the model it names: its prompt applied,
+    /// admitted against max_pending_requests, batched with other requests.
+    pub async fn embed(&self, request: EmbedRequest) -> Result<Embedded, RequestError> {
+        let live = self.live();
+        let slot = live
+            .registry
+            .find(request.model.as_deref())
+            .ok_or_else(|| RequestError::unknown_model(request.model.as_deref().unwrap_or(""), live.registry.embedding_ids()))?;
+        let id = slot.config.id.as_str();
+        let refuse = |e: RequestError| e.model(id);
+        if slot.config.kind == ModelKind::Reranker {
+            return Err(refuse(RequestError::new(Fault::NotAnEmbeddingModel, format!("{id:?} is a reranker: use /v1/rerank")).param("model")));
+        }
+        let inputs = apply_prompt(request.inputs, slot, request.prompt_name.as_deref()).map_err(refuse)?;
+        if matches!(inputs, Inputs::TokenIds(_)) && !slot.config.accepts_token_ids(&live.config.server) {
+            return Err(refuse(
+                RequestError::new(
+                    Fault::TokenIdsNotAccepted,
+                    format!(
+                        "model {id:?} takes text, not token ids. LangChain's OpenAIEmbeddings sends tiktoken ids unless \
+                         check_embedding_ctx_length=False, and those are not this model's vocabulary: set \
+                         OpenAIEmbeddings(..., check_embedding_ctx_length=False) to send text. A client that sends this \
+                         model's own tokenizer ids can be allowed with accept_token_ids = true on its [[models]] entry"
+                    ),
+                )
+                .param("input"),
+            ));
+        }
+        let _admitted = self.admit(&live).map_err(|o| refuse(RequestError::overloaded(o.limit)))?;
+        let result = self.run(&live, slot, inputs, request.keep_alive, live.deadline()).await.map_err(|e| refuse(e.into()))?;
+        // The vectors are shared only when the request was coalesced; otherwise take them.
+        let tokens = result.tokens;
+        let mut vectors = Arc::try_unwrap(result).map_or_else(|shared| shared.vectors.clone(), |own| own.vectors);
+        if let Some(dims) = request.dimensions {
+            let width = vectors.first().map_or(0, Vec::len);
+            if dims == 0 || dims > width {
+                return Err(refuse(
+                    RequestError::new(Fault::InvalidDimensions, format!("dimensions must be between 1 and {width} for this model")).param("dimensions"),
+                ));
+            }
+            for v in &mut vectors {
+                crate::pooling::truncate_dimensions(v, dims);
+            }
+        }
+        Ok(Embedded { model: id.to_string(), vectors, tokens })
+    }
+
+    /// Scores each document against the query: a cross-encoder's score of
+    /// each pair, or an embedding model's cosine of the two vectors.
+    pub async fn rerank(&self, request: RerankRequest) -> Result<Ranked, RequestError> {
+        let live = self.live();
+        let slot = match request.model.as_deref().filter(|name| *name != INFINITY_NO_MODEL) {
+            Some(name) => live.registry.find(Some(name)).ok_or_else(|| RequestError::unknown_model(name, live.registry.reranking_ids()))?,
+            None => live.registry.default_reranker().ok_or_else(|| {
+                RequestError::new(Fault::NoRerankModel, "no model here reranks: add a kind = \"reranker\" entry, or rerank = true on an embedding entry")
+                    .param("model")
+            })?,
+        };
+        let id = slot.config.id.as_str();
+        let refuse = |e: RequestError| e.model(id);
+        let cross_encoder = slot.config.kind == ModelKind::Reranker;
+        if !cross_encoder && !slot.config.rerank {
+            return Err(refuse(
+                RequestError::new(
+                    Fault::NotAReranker,
+                    format!("{id:?} is an embedding model: use /v1/embeddings, or set rerank = true on its entry to rank by cosine"),
+                )
+                .param("model"),
+            ));
+        }
+        let _admitted = self.admit(&live).map_err(|o| refuse(RequestError::overloaded(o.limit)))?;
+        let inputs = if cross_encoder {
+            Inputs::Pairs { query: request.query, documents: request.documents }
+        } else {
+            Inputs::Texts(std::iter::once(request.query).chain(request.documents).collect())
+        };
+        let result = self.run(&live, slot, inputs, request.keep_alive, live.deadline()).await.map_err(|e| {
+            let mut error = RequestError::from(e);
+            // Pairs and texts are tokenized as "input"; here they are the documents.
+            if error.param.as_deref() == Some("input") {
+                error.param = Some("documents".into());
+            }
+            refuse(error)
+        })?;
+        let scores = if cross_encoder {
+            // A cross-encoder's graph returns one logit per pair.
+            result
+                .vectors
+                .iter()
+                .map(|v| v.first().copied().unwrap_or(f32::NAN) as f64)
+                .map(|x| match (request.raw_scores, slot.config.score_activation) {
+                    (false, ScoreActivation::Sigmoid) => sigmoid(x),
+                    _ => x,
+                })
+                .collect()
+        } else {
+            result.vectors[1..].iter().map(|d| cosine(&result.vectors[0], d)).collect()
+        };
+        Ok(Ranked { model: id.to_string(), scores, tokens: result.tokens })
+    }
+}
+
+/// Puts the prompt a request names (else the model's default prompt) before
+/// each text input, as sentence-transformers' `encode(prompt_name=...)` does.
+/// Token-id inputs are the model's own ids already: a named prompt is refused
+/// for them, and no default applies.
+fn apply_prompt(inputs: Inputs, slot: &ModelSlot, prompt_name: Option<&str>) -> Result<Inputs, RequestError> {
+    let model = &slot.config;
+    let prompt = match prompt_name {
+        Some(name) => Some(model.prompts.get(name).ok_or_else(|| {
+            let known = if model.prompts.is_empty() {
+                "it has none".to_string()
+            } else {
+                format!("its prompts: {}", model.prompts.keys().cloned().collect::<Vec<_>>().join(", "))
+            };
+            RequestError::new(Fault::UnknownPrompt, format!("model {:?} has no prompt {name:?}; {known}", model.id)).param("prompt_name")
+        })?),
+        None => None,
+    };
+    match (inputs, prompt) {
+        (Inputs::Texts(texts), Some(prompt)) => Ok(Inputs::Texts(texts.into_iter().map(|t| format!("{prompt}{t}")).collect())),
+        (Inputs::TokenIds(_), Some(_)) if prompt_name.is_some() => {
+            Err(RequestError::new(Fault::PromptWithTokenIds, "prompt_name applies to text input; token ids are taken as they are").param("prompt_name"))
+        }
+        (inputs, _) => Ok(inputs),
+    }
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let norm = |v: &[f32]| v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+    let denominator = norm(a) * norm(b);
+    if denominator > 0.0 {
+        dot / denominator
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sigmoid_and_cosine() {
+        assert!((sigmoid(0.0) - 0.5).abs() < 1e-12);
+        assert!((cosine(&[1.0, 0.0], &[2.0, 0.0]) - 1.0).abs() < 1e-12);
+        assert_eq!(cosine(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
+    }
+}
