@@ -205,7 +205,7 @@ fn main() -> ExitCode {
             let options = BenchOptions { model, texts, seed, batch, clients, parallel, json };
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
             // Each kind of run: its printed table, and its report as JSON for --json.
-            let result: Result<(String, Option<serde_json::Value>), String> = runtime.block_on(async {
+            let result: Result<(String, Option<serde_json::Value>), eeane::bench::BenchError> = runtime.block_on(async {
                 if rerank {
                     let report = eeane::bench::rerank::run(config, &options).await?;
                     Ok((eeane::bench::rerank::table(&report, &options), serde_json::to_value(&report).ok()))

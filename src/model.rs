@@ -25,6 +25,11 @@ pub enum ModelError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Integrity(#[from] crate::integrity::IntegrityError),
+    #[error("model file {} does not exist", .0.display())]
+    MissingFile(std::path::PathBuf),
+    /// A Hub model's files could not be fetched or prepared.
+    #[error(transparent)]
+    Source(#[from] crate::pull::PullError),
     #[error("the request waited longer than queue_timeout before its inference started")]
     QueueTimeout,
     /// A bug: a panic in blocking work, caught so that only this request fails.
@@ -75,11 +80,8 @@ impl LoadedModel {
         if let Some(source) = config.source.clone() {
             // A Hub model's weights come (and are prepared) at its first load.
             let (cache, downloads) = (server.cache_dir(), server.server.hub_downloads);
-            let target =
-                crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref()).map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
-            blocking(&config.id, "Hub fetch", move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target))
-                .await?
-                .map_err(|e| ModelError::Engine(EngineError::Model(e)))?;
+            let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref())?;
+            blocking(&config.id, "Hub fetch", move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target)).await??;
         }
         let files = vec![config.model.path(), config.tokenizer.path()];
         blocking(&config.id, "manifest check", move || crate::integrity::verify(&files)).await??;
@@ -156,14 +158,16 @@ impl LoadedModel {
 
 /// The cheap start-up checks for a model that loads later: its files exist,
 /// its tokenizer parses, its engine's runtime library opens.
-pub fn check_files(config: &ModelConfig, server: &Config) -> Result<(), String> {
+pub fn check_files(config: &ModelConfig, server: &Config) -> Result<(), ModelError> {
     let model = config.model.path();
     if !model.exists() {
-        return Err(format!("model file {} does not exist", model.display()));
+        return Err(ModelError::MissingFile(model));
     }
-    TextTokenizer::from_config(config).map_err(|e| e.to_string())?;
-    let engine = crate::engines::find(&config.engine).ok_or_else(|| format!("engine {:?} is not compiled into this build", config.engine))?;
-    engine.open(server.runtimes.library(&config.engine).as_deref()).map(drop).map_err(|e| e.to_string())
+    TextTokenizer::from_config(config)?;
+    let engine =
+        crate::engines::find(&config.engine).ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
+    engine.open(server.runtimes.library(&config.engine).as_deref())?;
+    Ok(())
 }
 
 /// The batcher's policy from a model's config: its buckets, closed by one of

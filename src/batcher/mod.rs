@@ -482,7 +482,7 @@ fn release_freed_memory() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eeane_backend_core::{Engine, EngineOutput, Options, PathResolver};
+    use eeane_backend_core::{Engine, EngineOutput, InvalidOptions, Options, PathResolver};
 
     /// A fake engine's loader as a `Backend`, for the batcher's own tests.
     struct Loader(fn(&EngineSpec) -> Result<Box<dyn Engine>, EngineError>);
@@ -500,7 +500,7 @@ mod tests {
         fn load(&self, spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
             (self.0)(spec)
         }
-        fn options(&self, _: &serde_json::Map<String, serde_json::Value>, _: PathResolver) -> Result<Options, String> {
+        fn options(&self, _: &serde_json::Map<String, serde_json::Value>, _: PathResolver) -> Result<Options, InvalidOptions> {
             Ok(Options::default())
         }
     }

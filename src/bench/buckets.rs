@@ -2,6 +2,7 @@
 //! its length buckets, in process, so that engines (and precisions) can be held
 //! against each other shape by shape (batch x length), not only on a mix.
 
+use super::BenchError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,20 +37,20 @@ fn full_batch(batch: usize, seq: usize) -> Inputs {
     Inputs::TokenIds((0..batch).map(|r| (0..seq as i64 - 2).map(|i| 1000 + (i * 7 + r as i64) % 500).collect()).collect())
 }
 
-pub async fn measure(model: &ModelConfig, server: &Config, min_seconds: f64) -> Result<ModelFigures, String> {
+pub async fn measure(model: &ModelConfig, server: &Config, min_seconds: f64) -> Result<ModelFigures, BenchError> {
     // In process, on a thread: the engine's own speed per bucket.
     let in_process = ModelConfig { isolation: Some(crate::config::Isolation::Thread), ..model.clone() };
-    let loaded = LoadedModel::load(&in_process, server).await.map_err(|e| format!("{}: {e}", model.id))?;
+    let loaded = LoadedModel::load(&in_process, server).await.map_err(|source| BenchError::Load { model: model.id.clone(), source })?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let mut buckets = Vec::new();
     for bucket in batch_policy(model).buckets {
         let (batch, seq) = (bucket.max_batch, bucket.max_tokens);
         let inputs = Arc::new(full_batch(batch, seq));
-        loaded.embed(inputs.clone(), None).await.map_err(|e| e.to_string())?; // warm-up
+        loaded.embed(inputs.clone(), None).await?; // warm-up
         let started = Instant::now();
         let mut runs = 0usize;
         while runs < 3 || started.elapsed() < Duration::from_secs_f64(min_seconds) {
-            let out = loaded.embed(inputs.clone(), None).await.map_err(|e| e.to_string())?;
+            let out = loaded.embed(inputs.clone(), None).await?;
             debug_assert_eq!(out.tokens, batch * seq);
             runs += 1;
         }

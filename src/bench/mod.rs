@@ -17,6 +17,34 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+
+/// Why a bench run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The config has no model to bench as asked.
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    #[error("{model}: {source}")]
+    Load { model: String, source: crate::model::ModelError },
+    /// A resident model failed its start-up load.
+    #[error(transparent)]
+    Preflight(#[from] crate::registry::AcquireError),
+    /// The server phase's requests failed.
+    #[error("{0}")]
+    Http(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("a bench task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl From<reqwest::Error> for BenchError {
+    fn from(e: reqwest::Error) -> Self {
+        BenchError::Http(e.to_string())
+    }
+}
 use serde::Serialize;
 use serde_json::json;
 
@@ -29,10 +57,10 @@ pub use buckets::{BucketFigure, ModelFigures};
 pub use corpus::corpus;
 
 /// `eeane bench --buckets`: every model in `ids` (comma-separated), bucket by bucket.
-pub async fn run_buckets(config: Config, ids: &str, min_seconds: f64) -> Result<(Vec<ModelFigures>, String), String> {
+pub async fn run_buckets(config: Config, ids: &str, min_seconds: f64) -> Result<(Vec<ModelFigures>, String), BenchError> {
     let mut figures = Vec::new();
     for id in ids.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let model = config.models.iter().find(|m| m.names().any(|n| n == id)).ok_or_else(|| format!("no model {id:?} in the config"))?;
+        let model = config.models.iter().find(|m| m.names().any(|n| n == id)).ok_or_else(|| BenchError::Config(format!("no model {id:?} in the config")))?;
         eprintln!("eeane bench --buckets: {id}");
         figures.push(buckets::measure(model, &config, min_seconds).await?);
     }
@@ -101,10 +129,10 @@ fn snapshot(model: &LoadedModel) -> (u64, u64, u64) {
 /// Phases 1 and 4: the whole corpus as one job to a model loaded in-process
 /// (on a thread, whatever the config's isolation: the server phases use that,
 /// so their ratio to these includes the engine process's pipe).
-async fn in_process(label: &'static str, name: &'static str, config: &ModelConfig, server: &Config, texts: &[String]) -> Result<(Phase, usize), String> {
+async fn in_process(label: &'static str, name: &'static str, config: &ModelConfig, server: &Config, texts: &[String]) -> Result<(Phase, usize), BenchError> {
     let config = ModelConfig { isolation: Some(crate::config::Isolation::Thread), ..config.clone() };
-    let model = LoadedModel::load(&config, server).await.map_err(|e| e.to_string())?;
-    model.embed(Arc::new(Inputs::Texts(texts[..texts.len().min(64)].to_vec())), None).await.map_err(|e| e.to_string())?;
+    let model = LoadedModel::load(&config, server).await?;
+    model.embed(Arc::new(Inputs::Texts(texts[..texts.len().min(64)].to_vec())), None).await?;
     let bar = progress(label, texts.len());
     let before = snapshot(&model);
     let rows_before = model.stats().rows.load(Ordering::Relaxed);
@@ -113,7 +141,7 @@ async fn in_process(label: &'static str, name: &'static str, config: &ModelConfi
     tokio::pin!(job);
     let result = loop {
         tokio::select! {
-            r = &mut job => break r.map_err(|e| e.to_string())?,
+            r = &mut job => break r?,
             _ = tokio::time::sleep(Duration::from_millis(200)) => bar.set_position(model.stats().rows.load(Ordering::Relaxed) - rows_before),
         }
     };
@@ -148,7 +176,7 @@ async fn over_http(
     per_request: usize,
     clients: usize,
     tokens: usize,
-) -> Result<Phase, String> {
+) -> Result<Phase, BenchError> {
     let HttpTarget { url, model, service } = *target;
     let chunks: Arc<Vec<Vec<String>>> = Arc::new(texts.chunks(per_request).map(<[String]>::to_vec).collect());
     let next = Arc::new(AtomicUsize::new(0));
@@ -168,21 +196,21 @@ async fn over_http(
                     let Some(chunk) = chunks.get(i) else { break };
                     let sent = Instant::now();
                     let body = json!({"input": chunk, "model": model, "encoding_format": "base64"});
-                    let response = client.post(&url).json(&body).send().await.map_err(|e| e.to_string())?;
+                    let response = client.post(&url).json(&body).send().await?;
                     if !response.status().is_success() {
-                        return Err(format!("HTTP {}: {}", response.status(), response.text().await.unwrap_or_default()));
+                        return Err(BenchError::Http(format!("HTTP {}: {}", response.status(), response.text().await.unwrap_or_default())));
                     }
-                    response.bytes().await.map_err(|e| e.to_string())?;
+                    response.bytes().await?;
                     latencies.push(sent.elapsed().as_secs_f64() * 1e3);
                     bar.inc(chunk.len() as u64);
                 }
-                Ok::<_, String>(latencies)
+                Ok::<_, BenchError>(latencies)
             })
         })
         .collect();
     let mut latencies = Vec::new();
     for task in tasks {
-        latencies.extend(task.await.map_err(|e| e.to_string())??);
+        latencies.extend(task.await??);
     }
     let seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
@@ -209,23 +237,27 @@ async fn serve_only(
     mut config: Config,
     model: &ModelConfig,
     batch: usize,
-) -> Result<(String, Arc<Service>, tokio::task::JoinHandle<std::io::Result<()>>), String> {
+) -> Result<(String, Arc<Service>, tokio::task::JoinHandle<std::io::Result<()>>), BenchError> {
     config.models = vec![ModelConfig { load_policy: Some(LoadPolicy::Resident), max_batch: batch, ..model.clone() }];
     config.server.coalesce_requests = false;
     config.server.api_key = None;
     let service = Arc::new(Service::new(config, None, Default::default()));
     service.preflight().await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
-    let url = format!("http://{}", listener.local_addr().map_err(|e| e.to_string())?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
     let app = router(AppState { service: service.clone() }).into_make_service_with_connect_info::<SocketAddr>();
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     Ok((url, service, server))
 }
 
-pub async fn run(config: Config, options: BenchOptions) -> Result<Report, String> {
+pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchError> {
     let model = match &options.model {
-        Some(name) => config.models.iter().find(|m| m.names().any(|n| n == name)).ok_or_else(|| format!("no model {name:?} in the config"))?,
-        None => config.models.iter().find(|m| m.policy(&config.server) != LoadPolicy::Disabled).ok_or("no servable model")?,
+        Some(name) => {
+            config.models.iter().find(|m| m.names().any(|n| n == name)).ok_or_else(|| BenchError::Config(format!("no model {name:?} in the config")))?
+        }
+        None => {
+            config.models.iter().find(|m| m.policy(&config.server) != LoadPolicy::Disabled).ok_or_else(|| BenchError::Config("no servable model".into()))?
+        }
     }
     .clone();
     let texts = Arc::new(corpus(options.texts, options.seed));
@@ -256,7 +288,7 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, String
         phases: vec![engine, bulk, single, padded],
     };
     if let Some(path) = &options.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report).expect("report serializes")).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&report).expect("report serializes"))?;
     }
     Ok(report)
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{corpus, percentile, BenchOptions};
+use super::{corpus, percentile, BenchError, BenchOptions};
 use crate::config::{Config, ModelConfig, ModelKind};
 use crate::model::{Inputs, LoadedModel};
 
@@ -36,28 +36,30 @@ fn inputs(model: &ModelConfig, documents: Vec<String>) -> Inputs {
     }
 }
 
-pub async fn run(config: Config, options: &BenchOptions) -> Result<RerankReport, String> {
+pub async fn run(config: Config, options: &BenchOptions) -> Result<RerankReport, BenchError> {
     let model = match &options.model {
-        Some(name) => config.models.iter().find(|m| m.names().any(|n| n == name)).ok_or_else(|| format!("no model {name:?} in the config"))?,
+        Some(name) => {
+            config.models.iter().find(|m| m.names().any(|n| n == name)).ok_or_else(|| BenchError::Config(format!("no model {name:?} in the config")))?
+        }
         None => config
             .models
             .iter()
             .find(|m| m.kind == ModelKind::Reranker)
             .or_else(|| config.models.iter().find(|m| m.rerank))
-            .ok_or("no rerank model in the config")?,
+            .ok_or_else(|| BenchError::Config("no rerank model in the config".into()))?,
     }
     .clone();
     if model.kind != ModelKind::Reranker && !model.rerank {
-        return Err(format!("{} neither is a reranker nor has rerank = true", model.id));
+        return Err(BenchError::Config(format!("{} neither is a reranker nor has rerank = true", model.id)));
     }
     let documents = corpus(options.texts, options.seed);
     eprintln!("eeane bench --rerank: model {}, {} documents, {} per request", model.id, documents.len(), options.batch);
 
     let in_process = ModelConfig { max_batch: options.batch, isolation: Some(crate::config::Isolation::Thread), ..model.clone() };
-    let engine = LoadedModel::load(&in_process, &config).await.map_err(|e| e.to_string())?;
-    engine.embed(Arc::new(inputs(&model, documents[..documents.len().min(32)].to_vec())), None).await.map_err(|e| e.to_string())?;
+    let engine = LoadedModel::load(&in_process, &config).await?;
+    engine.embed(Arc::new(inputs(&model, documents[..documents.len().min(32)].to_vec())), None).await?;
     let started = Instant::now();
-    engine.embed(Arc::new(inputs(&model, documents.clone())), None).await.map_err(|e| e.to_string())?;
+    engine.embed(Arc::new(inputs(&model, documents.clone())), None).await?;
     let in_process = documents.len() as f64 / started.elapsed().as_secs_f64();
     drop(engine);
 
@@ -75,20 +77,20 @@ pub async fn run(config: Config, options: &BenchOptions) -> Result<RerankReport,
                 while let Some(chunk) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let sent = Instant::now();
                     let body = json!({"model": id, "query": QUERY, "documents": chunk, "top_n": chunk.len()});
-                    let response = client.post(&url).json(&body).send().await.map_err(|e| e.to_string())?;
+                    let response = client.post(&url).json(&body).send().await?;
                     if !response.status().is_success() {
-                        return Err(format!("HTTP {}: {}", response.status(), response.text().await.unwrap_or_default()));
+                        return Err(BenchError::Http(format!("HTTP {}: {}", response.status(), response.text().await.unwrap_or_default())));
                     }
-                    response.bytes().await.map_err(|e| e.to_string())?;
+                    response.bytes().await?;
                     latencies.push(sent.elapsed().as_secs_f64() * 1e3);
                 }
-                Ok::<_, String>(latencies)
+                Ok::<_, BenchError>(latencies)
             })
         })
         .collect();
     let mut latencies = Vec::new();
     for task in tasks {
-        latencies.extend(task.await.map_err(|e| e.to_string())??);
+        latencies.extend(task.await??);
     }
     let served = documents.len() as f64 / started.elapsed().as_secs_f64();
     server.abort();

@@ -1,6 +1,7 @@
 //! `eeane pull hf:ORG/NAME[@REVISION]`: the files a sentence-transformers
 //! model is made of, from the Hub into the HF cache (`hub`).
 
+use super::PullError;
 use std::path::Path;
 
 use indicatif::ProgressBar;
@@ -26,13 +27,17 @@ pub struct Target {
 
 impl Target {
     /// The target an entry's engine and `onnx_file` call for.
-    pub fn for_engine(engine: &str, onnx_file: Option<&str>) -> Result<Target, String> {
+    pub fn for_engine(engine: &str, onnx_file: Option<&str>) -> Result<Target, PullError> {
         if !matches!(engine, "onnxruntime" | "openvino" | "ncnn") {
-            return Err(format!("a Hub source is prepared for engine onnxruntime, openvino (both read its ONNX graph) or ncnn, not {engine:?}"));
+            return Err(PullError::Unsupported(format!(
+                "a Hub source is prepared for engine onnxruntime, openvino (both read its ONNX graph) or ncnn, not {engine:?}"
+            )));
         }
         let ncnn = engine == "ncnn";
         if ncnn && onnx_file.is_some() {
-            return Err("onnx_file picks an ONNX variant; ncnn's graph is converted from model.safetensors (leave onnx_file out)".into());
+            return Err(PullError::Unsupported(
+                "onnx_file picks an ONNX variant; ncnn's graph is converted from model.safetensors (leave onnx_file out)".to_string(),
+            ));
         }
         Ok(Target { onnx_file: onnx_file.map(str::to_string), ncnn })
     }
@@ -116,13 +121,13 @@ fn dir_name(repo: &RepoRef, target: &Target) -> String {
 
 /// Runs `work` on a thread of its own: the Hub client drives its own
 /// runtime, which must not start inside the server's (a reload runs there).
-fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, String> {
-    std::thread::spawn(work).join().map_err(|_| "the Hub client panicked".to_string())?
+fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> Result<T, PullError> + Send + 'static) -> Result<T, PullError> {
+    std::thread::spawn(work).join().map_err(|_| PullError::Remote("the Hub client panicked".to_string()))?
 }
 
 /// The configs of `repo` fetched (small JSON files only); whether it ships onnx/model.onnx.
-fn fetch_configs(hub: &Hub, repo: &RepoRef, progress: &dyn Progress) -> Result<(super::hub::Snapshot, bool), String> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+fn fetch_configs(hub: &Hub, repo: &RepoRef, progress: &dyn Progress) -> Result<(super::hub::Snapshot, bool), PullError> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| PullError::Io(e.to_string()))?;
     let listing = std::cell::RefCell::new(Vec::new());
     let configs = runtime.block_on(hub.snapshot(
         repo,
@@ -139,7 +144,7 @@ fn fetch_configs(hub: &Hub, repo: &RepoRef, progress: &dyn Progress) -> Result<(
 /// Reads `source` as sentence-transformers would, from the HF cache when it
 /// has the revision's configs, else (with `downloads`) from the Hub's config
 /// files alone; the weights are left for `ensure_prepared`.
-pub fn resolve(source: &str, downloads: bool, target: &Target) -> Result<Resolved, String> {
+pub fn resolve(source: &str, downloads: bool, target: &Target) -> Result<Resolved, PullError> {
     let repo = RepoRef::parse(source)?;
     let mut hub = Hub::from_env()?;
     hub.offline |= !downloads;
@@ -152,12 +157,12 @@ pub fn resolve(source: &str, downloads: bool, target: &Target) -> Result<Resolve
         }
         None if hub.offline => {
             let why = if downloads { "HF_HUB_OFFLINE is set" } else { "server.hub_downloads = false" };
-            return Err(format!(
+            return Err(PullError::Offline(format!(
                 "{}@{} is not in the HF cache ({}) and {why}; run `eeane pull {source}` where the Hub is reachable",
                 repo.repo,
                 repo.revision,
                 hub.cache.display()
-            ));
+            )));
         }
         None => {
             let (hub, repo) = (hub, repo.clone());
@@ -171,10 +176,10 @@ pub fn resolve(source: &str, downloads: bool, target: &Target) -> Result<Resolve
 
 /// The repository read for `target`: ncnn converts from safetensors, so
 /// the repository's own ONNX does not count, and it serves embeddings only.
-fn read_for(dir: &Path, repo: &str, ships_onnx: bool, target: &Target) -> Result<StModel, String> {
+fn read_for(dir: &Path, repo: &str, ships_onnx: bool, target: &Target) -> Result<StModel, PullError> {
     let model = StModel::read(dir, repo, ships_onnx && !target.ncnn)?;
     if target.ncnn && model.reranker {
-        return Err(format!("{repo} is a cross-encoder; the ncnn engine serves embedding models (use engine = \"onnxruntime\")"));
+        return Err(PullError::Unsupported(format!("{repo} is a cross-encoder; the ncnn engine serves embedding models (use engine = \"onnxruntime\")")));
     }
     Ok(model)
 }
@@ -182,7 +187,7 @@ fn read_for(dir: &Path, repo: &str, ships_onnx: bool, target: &Target) -> Result
 /// Makes `{cache}/models/hf--ORG--NAME` hold `source`'s prepared model at the
 /// commit it resolves to, fetching and preparing it when it does not (with
 /// `downloads`); progress goes to the log.
-pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool, target: &Target) -> Result<(), String> {
+pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool, target: &Target) -> Result<(), PullError> {
     let resolved = resolve(source, downloads, target)?;
     let repo = RepoRef::parse(source)?;
     let pinned = format!("hf:{}@{}", repo.repo, resolved.commit);
@@ -191,7 +196,7 @@ pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool, target: &Tar
         return Ok(());
     }
     if !downloads {
-        return Err(format!("{source} is not prepared in {} and server.hub_downloads = false; run `eeane pull {source}`", out.display()));
+        return Err(PullError::Offline(format!("{source} is not prepared in {} and server.hub_downloads = false; run `eeane pull {source}`", out.display())));
     }
     let (cache, target) = (cache.to_path_buf(), target.clone());
     off_runtime(move || {
@@ -214,12 +219,17 @@ fn is_prepared(out: &Path, pinned: &str, target: &Target) -> bool {
 /// An exclusive lock on preparing `repo` in `cache` (released when dropped):
 /// two entries of one repository, or a server and `eeane pull`, never write
 /// its blobs or its prepared folder at once.
-fn lock_repo(cache: &Path, repo: &RepoRef) -> Result<std::fs::File, String> {
+fn lock_repo(cache: &Path, repo: &RepoRef) -> Result<std::fs::File, PullError> {
     let dir = cache.join("models");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|e| PullError::Io(format!("cannot create {}: {e}", dir.display())))?;
     let path = dir.join(format!(".hf--{}.lock", repo.repo.replace('/', "--")));
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    file.lock().map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| PullError::Io(format!("cannot open {}: {e}", path.display())))?;
+    file.lock().map_err(|e| PullError::Io(format!("cannot lock {}: {e}", path.display())))?;
     Ok(file)
 }
 
@@ -228,29 +238,29 @@ fn lock_repo(cache: &Path, repo: &RepoRef) -> Result<std::fs::File, String> {
 /// `{cache}/models/hf--ORG--NAME` (models/prepare.py, checked against the
 /// numpy reference) and returns the `[[models]]` entry that serves it; with
 /// `download_only`, where the files are.
-pub fn pull(source: &str, cache: &Path, download_only: bool, target: &Target, progress: &dyn Progress) -> Result<String, String> {
+pub fn pull(source: &str, cache: &Path, download_only: bool, target: &Target, progress: &dyn Progress) -> Result<String, PullError> {
     let _lock = lock_repo(cache, &RepoRef::parse(source)?)?;
     pull_unlocked(source, cache, download_only, target, progress)
 }
 
-fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Target, progress: &dyn Progress) -> Result<String, String> {
+fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Target, progress: &dyn Progress) -> Result<String, PullError> {
     let repo = RepoRef::parse(source)?;
     let hub = Hub::from_env()?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| PullError::Io(e.to_string()))?;
     // The configs first: an architecture eeane cannot serve is refused before the weights come.
     let (configs, ships_onnx) = fetch_configs(&hub, &repo, progress)?;
     let model = read_for(&configs.dir, &repo.repo, ships_onnx, target)?;
     let snapshot = runtime.block_on(hub.snapshot(&repo, |listing| select_files(listing, target), progress))?;
     if let Some(file) = target.onnx_file.as_deref().filter(|f| !snapshot.dir.join(f).is_file()) {
-        return Err(format!("{} has no {file} at {}", repo.repo, snapshot.commit));
+        return Err(PullError::Unsupported(format!("{} has no {file} at {}", repo.repo, snapshot.commit)));
     }
     if model.onnx.is_none() && !snapshot.dir.join("model.safetensors").is_file() {
-        return Err(format!(
+        return Err(PullError::Unsupported(format!(
             "{} has no model.safetensors at {} (eeane builds {} graphs from it)",
             repo.repo,
             snapshot.commit,
             if target.ncnn { "ncnn" } else { "ONNX" }
-        ));
+        )));
     }
     eprintln!(
         "{}@{}: commit {}, {:.1} MiB downloaded, in {}",
@@ -362,6 +372,6 @@ mod tests {
         // ncnn converts from safetensors, whatever ONNX the repository ships.
         let ncnn = Target::for_engine("ncnn", None).unwrap();
         assert_eq!(select_files(&with_onnx, &ncnn), ["config.json", "model.safetensors", "tokenizer.json"]);
-        assert!(Target::for_engine("ncnn", Some("onnx/model_O4.onnx")).unwrap_err().contains("onnx_file"));
+        assert!(Target::for_engine("ncnn", Some("onnx/model_O4.onnx")).unwrap_err().to_string().contains("onnx_file"));
     }
 }

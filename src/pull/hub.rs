@@ -19,6 +19,7 @@
 //!   is their ETag), and only then renamed to `blobs/ID` and linked from the
 //!   snapshot. A mismatch deletes the partial file.
 
+use super::PullError;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -40,15 +41,15 @@ pub struct RepoRef {
 }
 
 impl RepoRef {
-    pub fn parse(source: &str) -> Result<RepoRef, String> {
-        let rest = source.strip_prefix("hf:").ok_or_else(|| format!("{source:?} is not a Hub source (hf:ORG/NAME[@REVISION])"))?;
+    pub fn parse(source: &str) -> Result<RepoRef, PullError> {
+        let rest = source.strip_prefix("hf:").ok_or_else(|| PullError::Unsupported(format!("{source:?} is not a Hub source (hf:ORG/NAME[@REVISION])")))?;
         let (repo, revision) = rest.split_once('@').unwrap_or((rest, "main"));
         let valid = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) && !s.starts_with('.');
         match repo.split_once('/') {
             Some((org, name)) if valid(org) && valid(name) && !revision.is_empty() && !revision.contains("..") => {
                 Ok(RepoRef { repo: repo.to_string(), revision: revision.to_string() })
             }
-            _ => Err(format!("{source:?} is not a Hub source: expected hf:ORG/NAME or hf:ORG/NAME@REVISION")),
+            _ => Err(PullError::Unsupported(format!("{source:?} is not a Hub source: expected hf:ORG/NAME or hf:ORG/NAME@REVISION"))),
         }
     }
 
@@ -93,7 +94,7 @@ fn hf_home() -> PathBuf {
 }
 
 impl Hub {
-    pub fn from_env() -> Result<Hub, String> {
+    pub fn from_env() -> Result<Hub, PullError> {
         let token = env("HF_TOKEN").or_else(|| {
             let path = env("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| hf_home().join("token"));
             std::fs::read_to_string(path).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
@@ -106,7 +107,7 @@ impl Hub {
             // Redirects are followed by hand: the token must not go to another host.
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| format!("cannot start an HTTP client: {e}"))?;
+            .map_err(|e| PullError::Remote(format!("cannot start an HTTP client: {e}")))?;
         Ok(Hub { endpoint: env("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.into()).trim_end_matches('/').to_string(), token, cache, offline, client })
     }
 
@@ -118,13 +119,13 @@ impl Hub {
     }
 
     /// The commit `repo.revision` names and its files, from the Hub.
-    pub async fn info(&self, repo: &RepoRef) -> Result<RepoInfo, String> {
+    pub async fn info(&self, repo: &RepoRef) -> Result<RepoInfo, PullError> {
         let url = format!("{}/api/models/{}/revision/{}?blobs=true", self.endpoint, repo.repo, encode(&repo.revision));
-        let response = self.authorized(self.client.get(&url)).send().await.map_err(|e| self.unreachable(e))?;
+        let response = self.authorized(self.client.get(&url)).send().await.map_err(|e| PullError::Remote(self.unreachable(e)))?;
         if !response.status().is_success() {
-            return Err(self.refusal(repo, None, response.status(), response.headers()));
+            return Err(PullError::Remote(self.refusal(repo, None, response.status(), response.headers())));
         }
-        response.json().await.map_err(|e| format!("the Hub's answer for {} is not model info: {e}", repo.repo))
+        response.json().await.map_err(|e| PullError::Remote(format!("the Hub's answer for {} is not model info: {e}", repo.repo)))
     }
 
     fn unreachable(&self, e: reqwest::Error) -> String {
@@ -165,15 +166,15 @@ impl Hub {
     /// Makes the cache hold the files of `repo` that `select` picks from the
     /// repository's listing, at the revision's commit; the snapshot. Offline,
     /// whatever the cache has.
-    pub async fn snapshot(&self, repo: &RepoRef, select: impl FnOnce(&[&str]) -> Vec<String>, progress: &dyn Progress) -> Result<Snapshot, String> {
+    pub async fn snapshot(&self, repo: &RepoRef, select: impl FnOnce(&[&str]) -> Vec<String>, progress: &dyn Progress) -> Result<Snapshot, PullError> {
         if self.offline {
-            let commit = self
-                .cached_commit(repo)
-                .ok_or_else(|| format!("{}@{} is not in the HF cache ({}) and HF_HUB_OFFLINE is set", repo.repo, repo.revision, self.cache.display()))?;
+            let commit = self.cached_commit(repo).ok_or_else(|| {
+                PullError::Offline(format!("{}@{} is not in the HF cache ({}) and HF_HUB_OFFLINE is set", repo.repo, repo.revision, self.cache.display()))
+            })?;
             return Ok(Snapshot { dir: self.snapshot_dir(repo, &commit), commit, fetched_bytes: 0 });
         }
         let info = self.info(repo).await?;
-        let commit = info.sha.clone().ok_or_else(|| format!("the Hub's info for {} names no commit", repo.repo))?;
+        let commit = info.sha.clone().ok_or_else(|| PullError::Remote(format!("the Hub's info for {} names no commit", repo.repo)))?;
         let dir = self.snapshot_dir(repo, &commit);
         let mut fetched_bytes = 0;
         let chosen = select(&info.siblings.iter().map(|s| s.rfilename.as_str()).collect::<Vec<_>>());
@@ -188,13 +189,13 @@ impl Hub {
     }
 
     /// One file into blobs/ and the snapshot; the bytes downloaded.
-    async fn ensure_file(&self, repo: &RepoRef, commit: &str, sibling: &Sibling, progress: &dyn Progress) -> Result<u64, String> {
+    async fn ensure_file(&self, repo: &RepoRef, commit: &str, sibling: &Sibling, progress: &dyn Progress) -> Result<u64, PullError> {
         let expected = Expected::of(sibling)?;
         let repo_dir = self.cache.join(repo.folder());
         let blob = repo_dir.join("blobs").join(&expected.blob_name);
         let link = self.snapshot_dir(repo, commit).join(&sibling.rfilename);
         if !safe_relative(&sibling.rfilename) {
-            return Err(format!("{} lists a file outside the repository: {:?}", repo.repo, sibling.rfilename));
+            return Err(PullError::Unsupported(format!("{} lists a file outside the repository: {:?}", repo.repo, sibling.rfilename)));
         }
         let mut fetched = 0;
         if !blob.is_file() || std::fs::metadata(&blob).map(|m| m.len()).ok() != Some(expected.size) {
@@ -204,10 +205,10 @@ impl Hub {
         Ok(fetched)
     }
 
-    async fn download(&self, repo: &RepoRef, commit: &str, file: &str, expected: &Expected, blob: &Path, progress: &dyn Progress) -> Result<u64, String> {
+    async fn download(&self, repo: &RepoRef, commit: &str, file: &str, expected: &Expected, blob: &Path, progress: &dyn Progress) -> Result<u64, PullError> {
         let partial = PathBuf::from(format!("{}.incomplete", blob.display()));
         if let Some(parent) = partial.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+            std::fs::create_dir_all(parent).map_err(|e| PullError::Io(format!("cannot create {}: {e}", parent.display())))?;
         }
         let have = std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
         if have >= expected.size {
@@ -226,10 +227,15 @@ impl Hub {
             if have > 0 {
                 request = request.header(RANGE, format!("bytes={have}-"));
             }
-            let answer = request.send().await.map_err(|e| self.unreachable(e))?;
+            let answer = request.send().await.map_err(|e| PullError::Remote(self.unreachable(e)))?;
             if answer.status().is_redirection() {
-                let location = answer.headers().get(LOCATION).and_then(|v| v.to_str().ok()).ok_or_else(|| format!("a redirect without Location for {file}"))?;
-                let next = reqwest::Url::parse(&url).and_then(|base| base.join(location)).map_err(|e| format!("a bad redirect for {file}: {e}"))?;
+                let location = answer
+                    .headers()
+                    .get(LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .ok_or_else(|| PullError::Remote(format!("a redirect without Location for {file}")))?;
+                let next =
+                    reqwest::Url::parse(&url).and_then(|base| base.join(location)).map_err(|e| PullError::Remote(format!("a bad redirect for {file}: {e}")))?;
                 // The token stays with the Hub's own host.
                 let hub = reqwest::Url::parse(&self.endpoint).ok();
                 send_token =
@@ -240,11 +246,11 @@ impl Hub {
             response = Some(answer);
             break;
         }
-        let mut response = response.ok_or_else(|| format!("too many redirects for {file}"))?;
+        let mut response = response.ok_or_else(|| PullError::Remote(format!("too many redirects for {file}")))?;
         let resumed = match response.status() {
             StatusCode::PARTIAL_CONTENT if have > 0 => true,
             s if s.is_success() => false,
-            s => return Err(self.refusal(repo, Some(file), s, response.headers())),
+            s => return Err(PullError::Remote(self.refusal(repo, Some(file), s, response.headers()))),
         };
         let mut out = std::fs::OpenOptions::new()
             .create(true)
@@ -252,12 +258,12 @@ impl Hub {
             .append(resumed)
             .truncate(!resumed)
             .open(&partial)
-            .map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
+            .map_err(|e| PullError::Io(format!("cannot write {}: {e}", partial.display())))?;
         let mut hash = expected.hasher();
         let mut done = 0u64;
         if resumed {
-            let mut existing = std::fs::File::open(&partial).map_err(|e| format!("cannot read {}: {e}", partial.display()))?;
-            std::io::copy(&mut (&mut existing).take(have), &mut hash).map_err(|e| format!("cannot read {}: {e}", partial.display()))?;
+            let mut existing = std::fs::File::open(&partial).map_err(|e| PullError::Io(format!("cannot read {}: {e}", partial.display())))?;
+            std::io::copy(&mut (&mut existing).take(have), &mut hash).map_err(|e| PullError::Io(format!("cannot read {}: {e}", partial.display())))?;
             done = have;
         }
         progress.start(file, done, expected.size);
@@ -266,32 +272,37 @@ impl Hub {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => break,
                 // Kept for the next attempt, which resumes from here.
-                Err(e) => return Err(format!("the download of {file} broke off after {done} of {} bytes ({e}); run it again to resume", expected.size)),
+                Err(e) => {
+                    return Err(PullError::Remote(format!(
+                        "the download of {file} broke off after {done} of {} bytes ({e}); run it again to resume",
+                        expected.size
+                    )))
+                }
             };
             if let Err(e) = out.write_all(&chunk) {
                 // A full disk: the partial file would only hold on to the space.
                 let _ = std::fs::remove_file(&partial);
-                return Err(write_failed(&partial, done, &e));
+                return Err(PullError::Io(write_failed(&partial, done, &e)));
             }
             hash.update(&chunk);
             done += chunk.len() as u64;
             progress.advance(file, done);
         }
-        out.sync_all().map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
+        out.sync_all().map_err(|e| PullError::Io(format!("cannot write {}: {e}", partial.display())))?;
         drop(out);
         progress.finish(file);
         if done != expected.size {
             if done > expected.size {
                 let _ = std::fs::remove_file(&partial);
             }
-            return Err(format!("{file}: got {done} bytes, the Hub lists {}; run it again to resume", expected.size));
+            return Err(PullError::Mismatch(format!("{file}: got {done} bytes, the Hub lists {}; run it again to resume", expected.size)));
         }
         let digest = hash.finish(expected.size);
         if digest != expected.digest {
             let _ = std::fs::remove_file(&partial);
-            return Err(format!("{file}: the download's {} is {digest}, the Hub lists {}; nothing kept", expected.kind, expected.digest));
+            return Err(PullError::Mismatch(format!("{file}: the download's {} is {digest}, the Hub lists {}; nothing kept", expected.kind, expected.digest)));
         }
-        std::fs::rename(&partial, blob).map_err(|e| format!("cannot move {} into place: {e}", blob.display()))?;
+        std::fs::rename(&partial, blob).map_err(|e| PullError::Io(format!("cannot move {} into place: {e}", blob.display())))?;
         Ok(done - have.min(done))
     }
 }
@@ -307,11 +318,11 @@ struct Expected {
 }
 
 impl Expected {
-    fn of(sibling: &Sibling) -> Result<Expected, String> {
+    fn of(sibling: &Sibling) -> Result<Expected, PullError> {
         match (&sibling.lfs, &sibling.blob_id, sibling.size) {
             (Some(lfs), _, _) => Ok(Expected { blob_name: lfs.sha256.clone(), size: lfs.size, digest: lfs.sha256.clone(), kind: "sha256", lfs: true }),
             (None, Some(id), Some(size)) => Ok(Expected { blob_name: id.clone(), size, digest: id.clone(), kind: "git blob id", lfs: false }),
-            _ => Err(format!("the Hub's listing gives no size or id for {}", sibling.rfilename)),
+            _ => Err(PullError::Remote(format!("the Hub's listing gives no size or id for {}", sibling.rfilename))),
         }
     }
 
@@ -432,9 +443,9 @@ fn encode_path(path: &str) -> String {
 
 /// The snapshot's entry for a file: a relative symlink to its blob, as
 /// huggingface_hub makes it (a copy where links are not available).
-fn link_into_snapshot(blob: &Path, link: &Path) -> Result<(), String> {
+fn link_into_snapshot(blob: &Path, link: &Path) -> Result<(), PullError> {
     let parent = link.parent().expect("a snapshot file has a folder");
-    std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    std::fs::create_dir_all(parent).map_err(|e| PullError::Io(format!("cannot create {}: {e}", parent.display())))?;
     if link.exists() && std::fs::canonicalize(link).ok() == std::fs::canonicalize(blob).ok() {
         return Ok(());
     }
@@ -445,17 +456,19 @@ fn link_into_snapshot(blob: &Path, link: &Path) -> Result<(), String> {
         // folders, the commit and snapshots/.
         let depth = link.strip_prefix(blob.parent().and_then(Path::parent).expect("blobs/ is in the repo folder")).map(|p| p.components().count()).unwrap_or(3);
         let target = PathBuf::from("../".repeat(depth - 1)).join("blobs").join(blob.file_name().expect("a blob has a name"));
-        std::os::unix::fs::symlink(&target, link).map_err(|e| format!("cannot link {}: {e}", link.display()))
+        std::os::unix::fs::symlink(&target, link).map_err(|e| PullError::Io(format!("cannot link {}: {e}", link.display())))
     }
     #[cfg(not(unix))]
     std::fs::copy(blob, link).map(|_| ()).map_err(|e| format!("cannot copy {} to {}: {e}", blob.display(), link.display()))
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), PullError> {
     let parent = path.parent().expect("a ref has a folder");
-    std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    std::fs::create_dir_all(parent).map_err(|e| PullError::Io(format!("cannot create {}: {e}", parent.display())))?;
     let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, path)).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    std::fs::write(&temporary, bytes)
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .map_err(|e| PullError::Io(format!("cannot write {}: {e}", path.display())))
 }
 
 #[cfg(test)]

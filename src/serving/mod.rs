@@ -157,12 +157,12 @@ impl Service {
 
     /// Start-up: resident models load (and answer a warm-up) before the port is
     /// bound; on-demand models get the cheap checks. Err is the reason to exit.
-    pub async fn preflight(&self) -> Result<(), String> {
+    pub async fn preflight(&self) -> Result<(), AcquireError> {
         let live = self.live();
         for slot in live.registry.slots() {
             match slot.policy {
                 LoadPolicy::Resident => {
-                    live.registry.acquire(slot, &live.config, None).await.map_err(|e| e.to_string())?;
+                    live.registry.acquire(slot, &live.config, None).await?;
                 }
                 _ if slot.config.source.is_some() && slot.config.unavailable.is_none() && !slot.config.model.path().exists() => {
                     tracing::info!(model = %slot.config.id, "fetched from its source at its first request");
@@ -175,7 +175,7 @@ impl Service {
                     }
                     if let Err(reason) = check_files(&slot.config, &live.config) {
                         tracing::warn!(model = %slot.config.id, "{reason}; its requests will fail until this is fixed");
-                        slot.mark_failed(reason);
+                        slot.mark_failed(reason.to_string());
                     }
                 }
             }

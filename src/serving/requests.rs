@@ -158,6 +158,7 @@ impl From<&ModelError> for RequestError {
             ModelError::Engine(EngineError::Input(_)) => Self::new(Fault::UnsupportedInput, message),
             ModelError::Engine(_) => Self::new(Fault::Unavailable, message),
             ModelError::Integrity(_) => Self::new(Fault::Integrity, message),
+            ModelError::Source(_) | ModelError::MissingFile(_) => Self::new(Fault::Unavailable, message),
         }
     }
 }
@@ -280,7 +281,7 @@ fn apply_prompt(inputs: Inputs, slot: &ModelSlot, prompt_name: Option<&str>) -> 
             };
             RequestError::new(Fault::UnknownPrompt, format!("model {:?} has no prompt {name:?}; {known}", model.id)).param("prompt_name")
         })?),
-        None => None,
+        None => model.default_prompt_name.as_ref().and_then(|name| model.prompts.get(name)),
     };
     match (inputs, prompt) {
         (Inputs::Texts(texts), Some(prompt)) => Ok(Inputs::Texts(texts.into_iter().map(|t| format!("{prompt}{t}")).collect())),

@@ -163,11 +163,11 @@ impl Options {
     /// the options in their normal form (defaults filled in).
     pub fn check<T: Serialize + DeserializeOwned>(
         entry: &serde_json::Map<String, serde_json::Value>,
-        check: impl FnOnce(&mut T) -> Result<(), String>,
-    ) -> Result<Self, String> {
-        let mut typed: T = serde_json::from_value(serde_json::Value::Object(entry.clone())).map_err(|e| e.to_string())?;
+        check: impl FnOnce(&mut T) -> Result<(), InvalidOptions>,
+    ) -> Result<Self, InvalidOptions> {
+        let mut typed: T = serde_json::from_value(serde_json::Value::Object(entry.clone())).map_err(|e| InvalidOptions(e.to_string()))?;
         check(&mut typed)?;
-        serde_json::to_value(&typed).map(Options).map_err(|e| e.to_string())
+        serde_json::to_value(&typed).map(Options).map_err(|e| InvalidOptions(e.to_string()))
     }
 
     /// The engine's typed options. `Null` (a spec built without a config, in
@@ -179,6 +179,12 @@ impl Options {
         serde_json::from_value(self.0.clone()).map_err(|e| EngineError::Model(format!("engine options: {e}")))
     }
 }
+
+/// Engine keys of a model entry that the engine refuses: an unknown key, a
+/// bad value, or values that do not fit together; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidOptions(pub String);
 
 impl Serialize for Options {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -244,7 +250,7 @@ pub trait Backend: Sync {
 
     /// Checks the model entry's keys that belong to this engine (its typed
     /// options, through `Options::check`), once, when the config is read.
-    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, paths: PathResolver) -> Result<Options, String>;
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, paths: PathResolver) -> Result<Options, InvalidOptions>;
 
     /// Where a model runs when its entry and the server leave it to the engine.
     fn default_isolation(&self, device: &str) -> Isolation {

@@ -14,10 +14,22 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use eeane_backend_core::{Backend, Engine, EngineError, EngineSpec, Options, PathResolver};
+use eeane_backend_core::{Backend, Engine, EngineError, EngineSpec, InvalidOptions, Options, PathResolver};
 
 #[cfg(target_os = "macos")]
 mod macos;
+
+/// Why a model's compiled artifacts cannot be used; the message names the
+/// file or table key at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ArtifactsError(pub String);
+
+impl From<ArtifactsError> for EngineError {
+    fn from(e: ArtifactsError) -> Self {
+        EngineError::Model(e.0)
+    }
+}
 
 /// The newest `model_info.json` format this reader understands.
 pub const MAX_MODEL_INFO_FORMAT: i64 = 2;
@@ -39,43 +51,43 @@ pub struct Artifacts {
     pub excluded: Vec<usize>,
 }
 
-fn bucket_key(key: &str, what: &str) -> Result<usize, String> {
+fn bucket_key(key: &str, what: &str) -> Result<usize, ArtifactsError> {
     match key.trim().parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("{what} key {key:?} is not a positive sequence length")),
+        _ => Err(ArtifactsError(format!("{what} key {key:?} is not a positive sequence length"))),
     }
 }
 
 /// From config tables: `artifacts` (bucket -> path) and, optionally,
 /// `batch_artifacts`, whose buckets must each have a batch-1 artifact.
-pub fn from_tables(artifacts: &BTreeMap<String, PathBuf>, batch: &BTreeMap<String, PathBuf>) -> Result<Artifacts, String> {
+pub fn from_tables(artifacts: &BTreeMap<String, PathBuf>, batch: &BTreeMap<String, PathBuf>) -> Result<Artifacts, ArtifactsError> {
     if artifacts.is_empty() {
-        return Err("artifacts is empty: name at least one bucket's compiled model".into());
+        return Err(ArtifactsError("artifacts is empty: name at least one bucket's compiled model".into()));
     }
-    let buckets = artifacts.iter().map(|(k, p)| Ok((bucket_key(k, "artifacts")?, p.clone()))).collect::<Result<BTreeMap<_, _>, String>>()?;
-    let batch2 = batch.iter().map(|(k, p)| Ok((bucket_key(k, "batch_artifacts")?, p.clone()))).collect::<Result<BTreeMap<_, _>, String>>()?;
+    let buckets = artifacts.iter().map(|(k, p)| Ok((bucket_key(k, "artifacts")?, p.clone()))).collect::<Result<BTreeMap<_, _>, ArtifactsError>>()?;
+    let batch2 = batch.iter().map(|(k, p)| Ok((bucket_key(k, "batch_artifacts")?, p.clone()))).collect::<Result<BTreeMap<_, _>, ArtifactsError>>()?;
     if let Some(orphan) = batch2.keys().find(|b| !buckets.contains_key(b)) {
-        return Err(format!("batch_artifacts has bucket {orphan}, which artifacts lacks"));
+        return Err(ArtifactsError(format!("batch_artifacts has bucket {orphan}, which artifacts lacks")));
     }
     Ok(Artifacts { buckets, batch2, ..Default::default() })
 }
 
 /// The directory eeANE's `eeane compile` gives a model id in its cache:
 /// `<root>/compiled/<id with "/" as "--">`.
-pub fn cache_dir_for(root: &Path, model_id: &str) -> Result<PathBuf, String> {
+pub fn cache_dir_for(root: &Path, model_id: &str) -> Result<PathBuf, ArtifactsError> {
     let name = model_id.trim().replace('/', "--");
     if name.is_empty() || name == "." || name == ".." || Path::new(&name).file_name().map(|n| n != name.as_str()).unwrap_or(true) {
-        return Err(format!("model id {model_id:?} does not name a single cache directory"));
+        return Err(ArtifactsError(format!("model id {model_id:?} does not name a single cache directory")));
     }
     Ok(root.join("compiled").join(name))
 }
 
 /// A file named in the record, which must stay inside the model's directory.
-fn inside(dir: &Path, value: Option<&serde_json::Value>, field: &str, record: &str) -> Result<PathBuf, String> {
-    let name = value.and_then(|v| v.as_str()).filter(|s| !s.trim().is_empty()).ok_or_else(|| format!("{record} names no usable {field}"))?;
+fn inside(dir: &Path, value: Option<&serde_json::Value>, field: &str, record: &str) -> Result<PathBuf, ArtifactsError> {
+    let name = value.and_then(|v| v.as_str()).filter(|s| !s.trim().is_empty()).ok_or_else(|| ArtifactsError(format!("{record} names no usable {field}")))?;
     let relative = Path::new(name);
     if relative.is_absolute() || relative.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(format!("{record} points {field} at {name:?}, outside its own directory"));
+        return Err(ArtifactsError(format!("{record} points {field} at {name:?}, outside its own directory")));
     }
     Ok(dir.join(relative))
 }
@@ -83,25 +95,29 @@ fn inside(dir: &Path, value: Option<&serde_json::Value>, field: &str, record: &s
 /// From a directory of eeANE's compiled-model cache: its `model_info.json`
 /// names the kind, the frozen tokenizer and the artifacts (relative to the
 /// directory); when it recommends buckets, only those are used.
-pub fn from_cache_dir(dir: &Path) -> Result<Artifacts, String> {
+pub fn from_cache_dir(dir: &Path) -> Result<Artifacts, ArtifactsError> {
     let path = dir.join("model_info.json");
     let record = path.display().to_string();
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{record}: {e} (run `eeane compile` for this model first)"))?;
-    let info: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{record} is not JSON: {e}"))?;
-    let version = info.get("format_version").and_then(|v| v.as_i64()).filter(|&v| v >= 1).ok_or_else(|| format!("{record} has no usable format_version"))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| ArtifactsError(format!("{record}: {e} (run `eeane compile` for this model first)")))?;
+    let info: serde_json::Value = serde_json::from_str(&text).map_err(|e| ArtifactsError(format!("{record} is not JSON: {e}")))?;
+    let version = info
+        .get("format_version")
+        .and_then(|v| v.as_i64())
+        .filter(|&v| v >= 1)
+        .ok_or_else(|| ArtifactsError(format!("{record} has no usable format_version")))?;
     if version > MAX_MODEL_INFO_FORMAT {
-        return Err(format!("{record} has format_version {version}; this eeane reads up to {MAX_MODEL_INFO_FORMAT}"));
+        return Err(ArtifactsError(format!("{record} has format_version {version}; this eeane reads up to {MAX_MODEL_INFO_FORMAT}")));
     }
     let kind = info.get("kind").and_then(|v| v.as_str()).filter(|k| matches!(*k, "embedding" | "reranker"));
-    let kind = kind.ok_or_else(|| format!("{record} records no supported kind (embedding or reranker)"))?.to_string();
-    let table = |field: &str| -> Result<BTreeMap<usize, PathBuf>, String> {
+    let kind = kind.ok_or_else(|| ArtifactsError(format!("{record} records no supported kind (embedding or reranker)")))?.to_string();
+    let table = |field: &str| -> Result<BTreeMap<usize, PathBuf>, ArtifactsError> {
         let Some(entries) = info.get(field) else { return Ok(BTreeMap::new()) };
-        let entries = entries.as_object().ok_or_else(|| format!("{record}: {field} is not a table"))?;
+        let entries = entries.as_object().ok_or_else(|| ArtifactsError(format!("{record}: {field} is not a table")))?;
         entries.iter().map(|(k, v)| Ok((bucket_key(k, field)?, inside(dir, Some(v), field, &record)?))).collect()
     };
     let mut buckets = table("artifacts")?;
     if buckets.is_empty() {
-        return Err(format!("{record} lists no compiled artifacts"));
+        return Err(ArtifactsError(format!("{record} lists no compiled artifacts")));
     }
     let mut batch2 = table("batch_artifacts")?;
     let mut excluded = Vec::new();
@@ -109,12 +125,12 @@ pub fn from_cache_dir(dir: &Path) -> Result<Artifacts, String> {
         let wanted: Vec<usize> = recommended
             .as_array()
             .and_then(|a| a.iter().map(|b| b.as_u64().map(|b| b as usize)).collect::<Option<Vec<_>>>())
-            .ok_or_else(|| format!("{record} has an unusable recommended_buckets list"))?;
+            .ok_or_else(|| ArtifactsError(format!("{record} has an unusable recommended_buckets list")))?;
         excluded = buckets.keys().copied().filter(|b| !wanted.contains(b)).collect();
         buckets.retain(|b, _| wanted.contains(b));
         batch2.retain(|b, _| wanted.contains(b));
         if buckets.is_empty() {
-            return Err(format!("{record} recommends buckets {wanted:?}, none of which is compiled"));
+            return Err(ArtifactsError(format!("{record} recommends buckets {wanted:?}, none of which is compiled")));
         }
     }
     Ok(Artifacts {
@@ -228,14 +244,14 @@ impl Default for CoremlOptions {
 impl CoremlOptions {
     /// The tables' paths resolved; the tables checked (positive buckets, no
     /// batch-2 bucket without its batch-1 artifact).
-    fn check(&mut self, paths: PathResolver) -> Result<(), String> {
+    fn check(&mut self, paths: PathResolver) -> Result<(), InvalidOptions> {
         for path in self.artifacts.values_mut().chain(self.batch_artifacts.values_mut()) {
             *path = paths(path);
         }
         match (self.artifacts.is_empty(), self.batch_artifacts.is_empty()) {
-            (true, false) => Err("batch_artifacts needs an explicit artifacts table beside it".into()),
+            (true, false) => Err(InvalidOptions("batch_artifacts needs an explicit artifacts table beside it".into())),
             (true, true) => Ok(()),
-            (false, _) => from_tables(&self.artifacts, &self.batch_artifacts).map(drop),
+            (false, _) => from_tables(&self.artifacts, &self.batch_artifacts).map(drop).map_err(|e| InvalidOptions(e.0)),
         }
     }
 }
@@ -263,7 +279,7 @@ impl Backend for Coreml {
     fn load(&self, spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         self.open(None)?;
         let options: CoremlOptions = spec.options.typed()?;
-        let artifacts = artifacts_of(spec, &options).map_err(EngineError::Model)?;
+        let artifacts = artifacts_of(spec, &options)?;
         #[cfg(target_os = "macos")]
         {
             let [ids, mask] = &options.input_names;
@@ -276,7 +292,7 @@ impl Backend for Coreml {
         }
     }
 
-    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, paths: PathResolver) -> Result<Options, String> {
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, paths: PathResolver) -> Result<Options, InvalidOptions> {
         Options::check(entry, |options: &mut CoremlOptions| options.check(paths))
     }
 
@@ -291,7 +307,7 @@ impl Backend for Coreml {
 
 /// The artifacts of a model entry: its explicit tables when given, else the
 /// eeANE cache directory that `model` names.
-pub fn artifacts_of(spec: &EngineSpec, options: &CoremlOptions) -> Result<Artifacts, String> {
+pub fn artifacts_of(spec: &EngineSpec, options: &CoremlOptions) -> Result<Artifacts, ArtifactsError> {
     if options.artifacts.is_empty() {
         from_cache_dir(&spec.model_path)
     } else {
@@ -316,9 +332,9 @@ mod tests {
         assert_eq!(got.buckets.keys().copied().collect::<Vec<_>>(), [128, 512]);
         assert_eq!(got.batch2[&128], PathBuf::from("/m/s128_b2.mlmodelc"));
         let orphan: BTreeMap<String, PathBuf> = [("256".to_string(), PathBuf::from("/x"))].into();
-        assert!(from_tables(&a, &orphan).unwrap_err().contains("256"));
+        assert!(from_tables(&a, &orphan).unwrap_err().to_string().contains("256"));
         let bad: BTreeMap<String, PathBuf> = [("zero".to_string(), PathBuf::from("/x"))].into();
-        assert!(from_tables(&bad, &BTreeMap::new()).unwrap_err().contains("positive"));
+        assert!(from_tables(&bad, &BTreeMap::new()).unwrap_err().to_string().contains("positive"));
         assert!(from_tables(&BTreeMap::new(), &BTreeMap::new()).is_err());
     }
 
@@ -349,7 +365,7 @@ mod tests {
     fn broken_cache_records_are_refused_with_a_reason() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("m");
-        assert!(from_cache_dir(&dir).unwrap_err().contains("eeane compile"));
+        assert!(from_cache_dir(&dir).unwrap_err().to_string().contains("eeane compile"));
         let base = serde_json::json!({"format_version": 1, "kind": "embedding", "tokenizer": "t.json", "artifacts": {"128": "a.mlmodelc"}});
         for (field, value, needle) in [
             ("format_version", serde_json::json!(9), "format_version 9"),
@@ -362,7 +378,7 @@ mod tests {
             record[field] = value;
             write_record(&dir, record);
             let error = from_cache_dir(&dir).unwrap_err();
-            assert!(error.contains(needle), "{field}: {error}");
+            assert!(error.0.contains(needle), "{field}: {error}");
         }
         assert!(cache_dir_for(root.path(), "..").is_err());
         assert!(cache_dir_for(root.path(), "../x").unwrap().ends_with("compiled/..--x"), "a hub-style id stays one component");
@@ -418,7 +434,7 @@ mod tests {
             (serde_json::json!({"spin": true}), "unknown field"),
         ] {
             let error = Coreml.options(&entry(bad.clone()), &resolve).unwrap_err();
-            assert!(error.contains(needle), "{bad}: {error}");
+            assert!(error.0.contains(needle), "{bad}: {error}");
         }
     }
 

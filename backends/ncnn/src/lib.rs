@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use eeane_backend_core::{
-    Backend, Device, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, Isolation, Options, PathResolver, TokenBatch, VisibleDevices,
+    Backend, Device, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Isolation, Options, PathResolver, TokenBatch,
+    VisibleDevices,
 };
 
 type GpuCount = unsafe extern "C" fn() -> c_int;
@@ -166,9 +167,9 @@ impl Backend for Ncnn {
         load(spec)
     }
 
-    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, String> {
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, InvalidOptions> {
         Options::check(entry, |options: &mut NcnnOptions| match options.pack_tokens {
-            Some(0) => Err("pack_tokens must be at least 1 (1 runs each sequence alone)".into()),
+            Some(0) => Err(InvalidOptions("pack_tokens must be at least 1 (1 runs each sequence alone)".into())),
             _ => Ok(()),
         })
     }

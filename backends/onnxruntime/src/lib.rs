@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, Options, PathResolver, TokenBatch};
+use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Options, PathResolver, TokenBatch};
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
@@ -14,7 +14,7 @@ use ort::value::{Tensor, ValueType};
 
 /// ONNX Runtime allows one environment per process, bound to the first library opened.
 type Runtime = (Environment, String);
-static RUNTIME: OnceLock<(PathBuf, Result<Runtime, String>)> = OnceLock::new();
+static RUNTIME: OnceLock<(PathBuf, Result<Runtime, EngineError>)> = OnceLock::new();
 static RUNTIME_INIT: Mutex<()> = Mutex::new(());
 
 /// The process's environment and the library's version, opened from `library` on first use.
@@ -28,16 +28,17 @@ fn runtime(library: &Path) -> Result<&'static Runtime, EngineError> {
             library.display()
         )));
     }
-    result.as_ref().map_err(|e| EngineError::Runtime(e.clone()))
+    result.as_ref().map_err(Clone::clone)
 }
 
-fn open_runtime(library: &Path) -> Result<Runtime, String> {
+fn open_runtime(library: &Path) -> Result<Runtime, EngineError> {
+    let fail = |message: String| EngineError::Runtime(message);
     if !library.exists() {
-        return Err(format!("ONNX Runtime library {} does not exist (run models/setup.sh, or set [runtimes] onnxruntime)", library.display()));
+        return Err(fail(format!("ONNX Runtime library {} does not exist (run models/setup.sh, or set [runtimes] onnxruntime)", library.display())));
     }
-    let builder = ort::init_from(library).map_err(|e| format!("cannot load ONNX Runtime from {}: {e}", library.display()))?;
-    let env = builder.with_name("eeane").build().map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
-    warm_up(&env).map_err(|e| format!("ONNX Runtime from {} cannot run a graph: {e}", library.display()))?;
+    let builder = ort::init_from(library).map_err(|e| fail(format!("cannot load ONNX Runtime from {}: {e}", library.display())))?;
+    let env = builder.with_name("eeane").build().map_err(|e| fail(format!("cannot create the ONNX Runtime environment: {e}")))?;
+    warm_up(&env).map_err(|e| fail(format!("ONNX Runtime from {} cannot run a graph: {e}", library.display())))?;
     page_out_library(library);
     // The wheel's library is named libonnxruntime.so.X.Y.Z; a link to it names no version.
     let version = std::fs::canonicalize(library)
@@ -84,7 +85,7 @@ impl Backend for OnnxRuntime {
         load(spec)
     }
 
-    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, String> {
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, InvalidOptions> {
         Options::check(entry, |_: &mut OnnxRuntimeOptions| Ok(()))
     }
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, Options, PathResolver, TokenBatch};
+use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Options, PathResolver, TokenBatch};
 use openvino::{Core, DeviceType, ElementType, InferRequest, PartialShape, RwPropertyKey, Shape, Tensor};
 
 static RUNTIME: OnceLock<Result<String, String>> = OnceLock::new();
@@ -59,7 +59,7 @@ impl Backend for OpenVino {
         load(spec)
     }
 
-    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, String> {
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, InvalidOptions> {
         Options::check(entry, |_: &mut OpenVinoOptions| Ok(()))
     }
 }

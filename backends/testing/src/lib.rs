@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, Options, PathResolver, TokenBatch};
+use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Options, PathResolver, TokenBatch};
 
 /// The engine's name in a model entry.
 pub const NAME: &str = "testing";
@@ -70,10 +70,10 @@ impl Backend for Testing {
         Ok(Box::new(TestingEngine { info, dimensions: options.dimensions }))
     }
 
-    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, String> {
+    fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, InvalidOptions> {
         Options::check(entry, |options: &mut TestingOptions| match options.dimensions {
             1..=4096 => Ok(()),
-            n => Err(format!("dimensions = {n}: use 1 to 4096")),
+            n => Err(InvalidOptions(format!("dimensions = {n}: use 1 to 4096"))),
         })
     }
 }
