@@ -11,8 +11,17 @@ use crate::config::{Config, ModelConfig};
 pub use crate::tokenize::Inputs;
 use crate::tokenize::{Encoded, TextTokenizer, TokenizeError};
 
-pub struct Embeddings {
-    pub vectors: Vec<Vec<f32>>,
+/// What a model answers for a request's inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// One vector per input, an input's windows averaged (an embedding model).
+    Vectors(Vec<Vec<f32>>),
+    /// One score per (query, document) pair: a cross-encoder's logit.
+    Scores(Vec<f32>),
+}
+
+pub struct Inference {
+    pub output: Output,
     /// Tokens the model processed, special tokens included.
     pub tokens: usize,
 }
@@ -118,7 +127,13 @@ impl LoadedModel {
             crate::config::ModelKind::Embedding => vec![tokenizer.encode_truncated("eeane")?],
             crate::config::ModelKind::Reranker => tokenizer.encode_pairs("eeane", &["eeane".to_string()], config.max_tokens)?,
         };
-        let dimensions = worker.embed(warm, None).await?[0].len();
+        let dimensions = worker.embed(warm, None).await?.first().map_or(0, Vec::len);
+        if config.kind == crate::config::ModelKind::Reranker && dimensions != 1 {
+            return Err(ModelError::Engine(EngineError::Model(format!(
+                "a reranker's graph returns one score per pair; this one returns {dimensions} values (a one-label sequence-classification \
+                 head, with pooling = \"none\")"
+            ))));
+        }
         Ok(Self { config: config.clone(), tokenizer, worker, dimensions, load_ms: started.elapsed().as_millis() as u64, isolation })
     }
 
@@ -134,10 +149,11 @@ impl LoadedModel {
         self.tokenizer.vocab_size()
     }
 
-    /// Embeds `inputs`; `deadline` bounds the wait before inference starts.
-    /// An input split into windows gets the mean of its windows' vectors,
-    /// renormalized when the model normalizes.
-    pub async fn embed(&self, inputs: Arc<Inputs>, deadline: Option<Instant>) -> Result<Embeddings, ModelError> {
+    /// Runs `inputs`: an embedding model's vectors, or a reranker's scores;
+    /// `deadline` bounds the wait before inference starts. An input split
+    /// into windows gets the mean of its windows' vectors, renormalized when
+    /// the model normalizes.
+    pub async fn embed(&self, inputs: Arc<Inputs>, deadline: Option<Instant>) -> Result<Inference, ModelError> {
         let tokenizer = self.tokenizer.clone();
         // Tokenizing thousands of texts takes milliseconds: keep it off the async workers.
         let groups: Vec<Vec<Encoded>> = blocking(&self.config.id, "tokenizer", move || tokenizer.encode(&inputs)).await??;
@@ -145,14 +161,20 @@ impl LoadedModel {
         let seqs: Vec<Encoded> = groups.into_iter().flatten().collect();
         let tokens = seqs.iter().map(|s| s.ids.len()).sum();
         let mut vectors = self.worker.embed(seqs, deadline).await?.into_iter();
-        let vectors = counts
-            .into_iter()
-            .map(|n| {
-                let window_vectors: Vec<Vec<f32>> = vectors.by_ref().take(n).collect();
-                crate::pooling::combine_windows(window_vectors, self.config.normalize && self.config.kind == crate::config::ModelKind::Embedding)
-            })
-            .collect();
-        Ok(Embeddings { vectors, tokens })
+        let output = match self.config.kind {
+            // One pair, one sequence, one value (checked at load).
+            crate::config::ModelKind::Reranker => Output::Scores(vectors.map(|v| v.first().copied().unwrap_or(f32::NAN)).collect()),
+            crate::config::ModelKind::Embedding => Output::Vectors(
+                counts
+                    .into_iter()
+                    .map(|n| {
+                        let window_vectors: Vec<Vec<f32>> = vectors.by_ref().take(n).collect();
+                        crate::pooling::combine_windows(window_vectors, self.config.normalize)
+                    })
+                    .collect(),
+            ),
+        };
+        Ok(Inference { output, tokens })
     }
 }
 

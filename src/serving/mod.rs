@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::config::{find_file, CliOverrides, Config, ConfigError, LoadPolicy};
-use crate::model::{check_files, Embeddings, ModelError};
+use crate::model::{check_files, Inference, ModelError};
 use crate::registry::{AcquireError, ModelSlot, Registry};
 use coalesce::Coalescer;
 
@@ -75,7 +75,7 @@ pub struct Service {
     config_flag: Option<PathBuf>,
     overrides: CliOverrides,
     pending: AtomicUsize,
-    coalescer: Coalescer<CoalesceKey, Result<Arc<Embeddings>, ServeError>>,
+    coalescer: Coalescer<CoalesceKey, Result<Arc<Inference>, ServeError>>,
     reload_lock: tokio::sync::Mutex<()>,
 }
 
@@ -127,7 +127,7 @@ impl Service {
         inputs: Inputs,
         keep_alive: Option<KeepAlive>,
         deadline: Option<Instant>,
-    ) -> Result<Arc<Embeddings>, ServeError> {
+    ) -> Result<Arc<Inference>, ServeError> {
         slot.counters.requests.fetch_add(1, Ordering::Relaxed);
         let inputs = Arc::new(inputs);
         let work = || async {

@@ -10,7 +10,7 @@ pub use crate::tokenize::Inputs;
 
 use super::{ServeError, Service};
 use crate::config::{ModelKind, ScoreActivation};
-use crate::model::ModelError;
+use crate::model::{ModelError, Output};
 use crate::registry::{AcquireError, ModelSlot};
 use crate::tokenize::TokenizeError;
 use eeane_backend_core::EngineError;
@@ -196,7 +196,9 @@ impl Service {
         let result = self.run(&live, slot, inputs, request.keep_alive, live.deadline()).await.map_err(|e| refuse(e.into()))?;
         // The vectors are shared only when the request was coalesced; otherwise take them.
         let tokens = result.tokens;
-        let mut vectors = Arc::try_unwrap(result).map_or_else(|shared| shared.vectors.clone(), |own| own.vectors);
+        let Output::Vectors(mut vectors) = Arc::try_unwrap(result).map_or_else(|shared| shared.output.clone(), |own| own.output) else {
+            return Err(refuse(RequestError::new(Fault::Internal, "an embedding model answered with scores")));
+        };
         if let Some(dims) = request.dimensions {
             let width = vectors.first().map_or(0, Vec::len);
             if dims == 0 || dims > width {
@@ -248,19 +250,19 @@ impl Service {
             }
             refuse(error)
         })?;
-        let scores = if cross_encoder {
-            // A cross-encoder's graph returns one logit per pair.
-            result
-                .vectors
+        let scores = match &result.output {
+            Output::Scores(logits) => logits
                 .iter()
-                .map(|v| v.first().copied().unwrap_or(f32::NAN) as f64)
-                .map(|x| match (request.raw_scores, slot.config.score_activation) {
-                    (false, ScoreActivation::Sigmoid) => sigmoid(x),
-                    _ => x,
+                .map(|&x| match (request.raw_scores, slot.config.score_activation) {
+                    (false, ScoreActivation::Sigmoid) => sigmoid(x as f64),
+                    _ => x as f64,
                 })
-                .collect()
-        } else {
-            result.vectors[1..].iter().map(|d| cosine(&result.vectors[0], d)).collect()
+                .collect(),
+            // The query's vector first, then each document's.
+            Output::Vectors(vectors) => match vectors.split_first() {
+                Some((query, documents)) => documents.iter().map(|d| cosine(query, d)).collect(),
+                None => Vec::new(),
+            },
         };
         Ok(Ranked { model: id.to_string(), scores, tokens: result.tokens })
     }
