@@ -31,9 +31,14 @@ pub fn handle() -> &'static PrometheusHandle {
             (Matcher::Full("eeane_batch_rows".into()), &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0][..]),
             (Matcher::Full("eeane_batch_tokens".into()), &[16.0, 64.0, 256.0, 1024.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0][..]),
         ];
+        // The bounds are constants, never empty: the fallback (summaries) is for form's sake.
         let builder = buckets
             .into_iter()
-            .fold(PrometheusBuilder::new(), |builder, (matcher, bounds)| builder.set_buckets_for_metric(matcher, bounds).expect("bucket bounds are non-empty"));
+            .try_fold(PrometheusBuilder::new(), |builder, (matcher, bounds)| builder.set_buckets_for_metric(matcher, bounds))
+            .unwrap_or_else(|e| {
+                tracing::warn!("metrics buckets: {e}");
+                PrometheusBuilder::new()
+            });
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
         // Another recorder already installed (a host program's) leaves ours unused but harmless.
