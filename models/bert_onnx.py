@@ -9,6 +9,11 @@ With `ncnn_friendly=True` (for pnnx): position_ids is an input, there is no
 token-type input (pnnx's converter crashed on it), and the mask is a float
 [B, S, S] matrix, key by query, so that several sequences can be packed into
 one row (positions restarting, each attending only to itself) and run as one.
+With `fusable=True` the mask and the attention scale take the shapes ONNX
+Runtime's transformer optimizer recognizes (the mask unsqueezed twice before
+its Cast, scores divided by sqrt(head_dim)), so that it fuses each layer's
+attention into one Attention operator for the GPU; the values are the same
+network's, within float rounding.
 `numpy_forward` is an independent float64 implementation of the same network,
 used to check the graph before it is published.
 """
@@ -85,7 +90,8 @@ def as_bert(weights, cfg):
                "pooler_activation": "tanh"}
 
 
-def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False, cls_head=None, sequence_classifier=False):
+def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False, cls_head=None, sequence_classifier=False,
+                fusable=False):
     p = _prefix(weights)
     # One token type (XLM-R, DistilBERT): the graph takes none, as the model
     # ignores them; BERT-style tokenizers still number a pair's second text 1.
@@ -144,16 +150,23 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
     # transformers does), so a padded key never receives weight: [B, 1, 1, S]
     # from a [B, S] mask, or [B, 1, S, S] from ncnn's packed [B, S, S] one.
     mask_f = "attention_mask" if ncnn_friendly else node("Cast", ["attention_mask"], to=TensorProto.FLOAT)
-    inverted = node("Sub", [const("one_f", np.array(1.0, np.float32)), mask_f])
+    if fusable and not ncnn_friendly:
+        # Unsqueeze, Unsqueeze, Cast, Sub, Mul: the optimizer's BERT mask pattern.
+        unsqueezed = node("Unsqueeze", [node("Unsqueeze", ["attention_mask", const("axis_1", np.array([1], np.int64))]),
+                                        const("axis_2", np.array([2], np.int64))])
+        inverted = node("Sub", [const("one_f", np.array(1.0, np.float32)), node("Cast", [unsqueezed], to=TensorProto.FLOAT)])
+    else:
+        inverted = node("Sub", [const("one_f", np.array(1.0, np.float32)), mask_f])
     bias = node("Mul", [inverted, const("mask_min", np.array(np.finfo(np.float32).min, np.float32))])
     if ncnn_friendly:
         bias = node("Unsqueeze", [bias, const("axes_1", np.array([1], np.int64))])
-    else:
+    elif not fusable:
         bias = node("Unsqueeze", [bias, const("axes_1_2", np.array([1, 2], np.int64))])
 
     split_shape = const("split_heads", np.array([0, 0, heads, head_dim], np.int64))
     merge_shape = const("merge_heads", np.array([0, 0, hidden], np.int64))
     scale = const("attn_scale", np.array(1.0 / math.sqrt(head_dim), np.float32))
+    sqrt_d = const("attn_sqrt_d", np.array(math.sqrt(head_dim), np.float32)) if fusable else None
     sqrt2 = const("sqrt2", np.array(math.sqrt(2.0), np.float32))
     half = const("half", np.array(0.5, np.float32))
     one = "one_f"
@@ -163,7 +176,8 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
         q = node("Transpose", [node("Reshape", [linear(x, lp + ".attention.self.query"), split_shape])], perm=[0, 2, 1, 3])
         k = node("Transpose", [node("Reshape", [linear(x, lp + ".attention.self.key"), split_shape])], perm=[0, 2, 3, 1])
         v = node("Transpose", [node("Reshape", [linear(x, lp + ".attention.self.value"), split_shape])], perm=[0, 2, 1, 3])
-        scores = node("Add", [node("Mul", [node("MatMul", [q, k]), scale]), bias])
+        qk = node("MatMul", [q, k])
+        scores = node("Add", [node("Div", [qk, sqrt_d]) if fusable else node("Mul", [qk, scale]), bias])
         context = node("MatMul", [node("Softmax", [scores], axis=-1), v])
         context = node("Reshape", [node("Transpose", [context], perm=[0, 2, 1, 3]), merge_shape])
         x = layer_norm(node("Add", [linear(context, lp + ".attention.output.dense"), x]), lp + ".attention.output.LayerNorm")

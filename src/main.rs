@@ -84,6 +84,10 @@ enum Command {
         /// Corpus seed.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Instead of the built-in corpus: the texts of this file, a JSON array
+        /// of strings (the first --texts of them).
+        #[arg(long)]
+        corpus: Option<PathBuf>,
         /// Texts per bulk request, and the engine batch size.
         #[arg(long, default_value_t = 32)]
         batch: usize,
@@ -100,7 +104,7 @@ enum Command {
         /// Instead: each model of --model (comma-separated) on full batches of
         /// every one of its buckets, in process, as µs/text per bucket (the
         /// buckets set the batches, so the corpus and client flags do not apply).
-        #[arg(long, conflicts_with_all = ["texts", "seed", "batch", "clients", "parallel", "rerank"])]
+        #[arg(long, conflicts_with_all = ["texts", "seed", "corpus", "batch", "clients", "parallel", "rerank"])]
         buckets: bool,
         /// Also write the report as JSON here.
         #[arg(long)]
@@ -201,8 +205,8 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::CheckConfig => check_config(&config),
-        Command::Bench { model, texts, seed, batch, clients, parallel, rerank, buckets, json } => {
-            let options = BenchOptions { model, texts, seed, batch, clients, parallel, json };
+        Command::Bench { model, texts, seed, corpus, batch, clients, parallel, rerank, buckets, json } => {
+            let options = BenchOptions { model, texts, seed, corpus, batch, clients, parallel, json };
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
             // Each kind of run: its printed table, and its report as JSON for --json.
             let result: Result<(String, Option<serde_json::Value>), eeane::bench::BenchError> = runtime.block_on(async {
@@ -276,7 +280,13 @@ fn check_config(config: &Config) -> ExitCode {
         .models
         .iter()
         .filter(|m| m.policy(&config.server) != eeane::config::LoadPolicy::Disabled)
-        .filter_map(|m| eeane::engines::find(&m.engine).and_then(|e| e.unavailable()).map(|why| format!("models {:?} (engine {:?}): {why}", m.id, m.engine)))
+        .filter_map(|m| {
+            let engine = eeane::engines::find(&m.engine)?;
+            let library = config.runtimes.library(&m.engine, &m.device);
+            let why =
+                engine.unavailable().map(str::to_string).or_else(|| engine.device_problem(&m.device, library.as_deref(), &config.server.forbidden_devices))?;
+            Some(format!("models {:?} (engine {:?}): {why}", m.id, m.engine))
+        })
         .collect();
     if !unrunnable.is_empty() {
         unrunnable.iter().for_each(|line| eprintln!("eeane: {line}"));

@@ -108,7 +108,7 @@ impl LoadedModel {
         let policy = batch_policy(config);
         let spec = EngineSpec {
             model_path: config.model.path(),
-            runtime_library: server.runtimes.library(&config.engine),
+            runtime_library: server.runtimes.library(&config.engine, &config.device),
             device: config.device.clone(),
             threads: config.threads,
             output: config.output.clone(),
@@ -188,7 +188,15 @@ pub fn check_files(config: &ModelConfig, server: &Config) -> Result<(), ModelErr
     TextTokenizer::from_config(config)?;
     let engine =
         crate::engines::find(&config.engine).ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not compiled into this build", config.engine)))?;
-    engine.open(server.runtimes.library(&config.engine).as_deref())?;
+    let library = server.runtimes.library(&config.engine, &config.device);
+    if let Some(problem) = engine.device_problem(&config.device, library.as_deref(), &server.server.forbidden_devices) {
+        return Err(EngineError::Device(problem).into());
+    }
+    if engine.device_runtime(&config.device).is_some() {
+        // Another build of the runtime, opened by the model's own engine process.
+        return Ok(());
+    }
+    engine.open(library.as_deref())?;
     Ok(())
 }
 

@@ -73,6 +73,8 @@ pub struct BenchOptions {
     pub model: Option<String>,
     pub texts: usize,
     pub seed: u64,
+    /// A JSON array of texts to use instead of the built-in corpus.
+    pub corpus: Option<PathBuf>,
     pub batch: usize,
     pub clients: usize,
     pub parallel: usize,
@@ -99,6 +101,10 @@ pub struct Report {
     pub tokens: usize,
     pub mean_tokens: f64,
     pub phases: Vec<Phase>,
+    /// One text per request, one request at a time: the latency a lone
+    /// user sees on an idle server (median and 99th percentile, ms).
+    pub idle_p50_ms: Option<f64>,
+    pub idle_p99_ms: Option<f64>,
     pub server_bulk_over_engine: f64,
     pub one_per_request_over_bulk: f64,
     pub sorted_over_pad_to_longest: f64,
@@ -260,7 +266,10 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
         }
     }
     .clone();
-    let texts = Arc::new(corpus(options.texts, options.seed));
+    let texts = Arc::new(match &options.corpus {
+        Some(path) => corpus_file(path, options.texts)?,
+        None => corpus(options.texts, options.seed),
+    });
     eprintln!("eeane bench: model {}, {} texts (seed {}), batches of {}", model.id, texts.len(), options.seed, options.batch);
 
     let sorted = ModelConfig { max_batch: options.batch, ..model.clone() };
@@ -274,6 +283,8 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
     over_http("warm-up", "warm-up", &target, &warm, 8, 2, 0).await?;
     let bulk = over_http("2 server, bulk", "server over HTTP, bulk", &target, &texts, options.batch, options.clients, tokens).await?;
     let single = over_http("3 server, one text per request", "server over HTTP, one text per request", &target, &texts, 1, options.parallel, tokens).await?;
+    let lone = Arc::new(texts[..texts.len().min(200)].to_vec());
+    let idle = over_http("idle, one request at a time", "idle", &target, &lone, 1, 1, 0).await?;
     server.abort();
 
     let report = Report {
@@ -282,6 +293,8 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
         texts: texts.len(),
         tokens,
         mean_tokens: tokens as f64 / texts.len() as f64,
+        idle_p50_ms: idle.p50_ms,
+        idle_p99_ms: idle.p99_ms,
         server_bulk_over_engine: bulk.texts_per_s / engine.texts_per_s,
         one_per_request_over_bulk: single.texts_per_s / bulk.texts_per_s,
         sorted_over_pad_to_longest: engine.texts_per_s / padded.texts_per_s,
@@ -291,6 +304,16 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
         std::fs::write(path, serde_json::to_string_pretty(&report).expect("report serializes"))?;
     }
     Ok(report)
+}
+
+/// The first `limit` texts of a JSON array of strings.
+fn corpus_file(path: &std::path::Path, limit: usize) -> Result<Vec<String>, BenchError> {
+    let texts: Vec<String> =
+        serde_json::from_slice(&std::fs::read(path)?).map_err(|e| BenchError::Config(format!("{}: not a JSON array of strings: {e}", path.display())))?;
+    if texts.is_empty() {
+        return Err(BenchError::Config(format!("{}: no texts", path.display())));
+    }
+    Ok(texts.into_iter().take(limit).collect())
 }
 
 /// The report as a Markdown table, as docs/performance.md shows it.
@@ -315,6 +338,9 @@ pub fn table(report: &Report, options: &BenchOptions) -> String {
             phase.padding * 100.0,
             phase.engine_batches
         );
+    }
+    if let (Some(p50), Some(p99)) = (report.idle_p50_ms, report.idle_p99_ms) {
+        out += &format!("\nidle server, one text per request, one at a time: p50 {p50:.2} ms, p99 {p99:.2} ms\n");
     }
     out += &format!(
         "\n(2)/(1) server bulk / engine: {:.2}\n(3)/(2) one text per request / bulk: {:.2}\n(1)/(4) sorted + bucketed / pad-to-longest: {:.2}\n",

@@ -226,6 +226,51 @@ pub struct VisibleDevices {
     pub devices: Vec<Device>,
 }
 
+/// Picks the one device whose name contains `wanted` (case-insensitive) from
+/// what a runtime sees, for devices pinned by name (`vulkan:H200`,
+/// `cuda:H200`): never by index, since indices move when cards are added and
+/// the desktop's card must not be taken by accident. An index, an ambiguous or
+/// absent name, or a name on the server's `forbidden` list is refused, the
+/// error listing what is visible. `api` names the device kind in messages.
+pub fn pick_device_by_name(api: &str, wanted: &str, visible: &[String], forbidden: &[String]) -> Result<usize, EngineError> {
+    let wanted = wanted.trim();
+    if wanted.is_empty() || wanted.parse::<i64>().is_ok() {
+        return Err(EngineError::Device(format!("pin a {api} device by its name, not by an index (visible: {})", listing(visible))));
+    }
+    let lower = wanted.to_lowercase();
+    let hits: Vec<usize> = (0..visible.len()).filter(|&i| visible[i].to_lowercase().contains(&lower)).collect();
+    match hits[..] {
+        [index] => {
+            let name = &visible[index];
+            if forbidden.iter().any(|f| !f.is_empty() && name.to_lowercase().contains(&f.to_lowercase())) {
+                return Err(EngineError::Device(format!("{api} device {name:?} is on the server's forbidden list")));
+            }
+            Ok(index)
+        }
+        [] => Err(EngineError::Device(format!("no {api} device matches {wanted:?}; visible: {}", listing(visible)))),
+        _ => Err(EngineError::Device(format!("{wanted:?} matches several {api} devices; name one of: {}", listing(visible)))),
+    }
+}
+
+fn listing(visible: &[String]) -> String {
+    if visible.is_empty() {
+        "none".into()
+    } else {
+        visible.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// A build of an engine's runtime for some devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRuntime {
+    /// Its `[runtimes]` key.
+    pub key: &'static str,
+    /// Its default path, `{cache}` standing for eeane's cache.
+    pub default: &'static str,
+    /// The devices it serves: those whose name starts with this.
+    pub device_prefix: &'static str,
+}
+
 /// Resolves a path written in a model entry: `{cache}/...`, `~/...`, absolute,
 /// or relative to the config file.
 pub type PathResolver<'a> = &'a dyn Fn(&Path) -> PathBuf;
@@ -241,6 +286,26 @@ pub trait Backend: Sync {
     /// same name overrides it), `{cache}` standing for eeane's cache; `None`
     /// for an engine that opens no library by path.
     fn default_runtime(&self) -> Option<&'static str>;
+
+    /// Other builds of the runtime that models on some devices open instead
+    /// of `default_runtime` (ONNX Runtime's CUDA build for `cuda:` devices).
+    fn device_runtimes(&self) -> &'static [DeviceRuntime] {
+        &[]
+    }
+
+    /// The build a model on `device` (one name, or a comma-separated list) opens instead of `default_runtime`.
+    fn device_runtime(&self, device: &str) -> Option<&'static DeviceRuntime> {
+        self.device_runtimes().iter().find(|r| device.split(',').any(|d| d.trim().starts_with(r.device_prefix)))
+    }
+
+    /// What this machine lacks for a model on `device` (a driver, a device
+    /// library, the device itself), found without loading anything heavy;
+    /// `None` when nothing is known to be missing. `eeane check-config` fails
+    /// on it, and the model's load fails with the same words.
+    fn device_problem(&self, device: &str, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
+        let _ = (device, library, forbidden);
+        None
+    }
 
     /// Opens the runtime library ahead of any model load; its version.
     fn open(&self, library: Option<&Path>) -> Result<String, EngineError>;
@@ -276,6 +341,19 @@ pub trait Backend: Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn devices_are_picked_by_a_unique_name_only() {
+        let visible = vec!["NVIDIA H200".to_string(), "NVIDIA RTX A2000".to_string()];
+        assert_eq!(pick_device_by_name("CUDA", "h200", &visible, &[]), Ok(0));
+        assert_eq!(pick_device_by_name("CUDA", "A2000", &visible, &[]), Ok(1));
+        let message = |r: Result<usize, EngineError>| r.unwrap_err().to_string();
+        assert!(message(pick_device_by_name("CUDA", "0", &visible, &[])).contains("not by an index"));
+        assert!(message(pick_device_by_name("CUDA", "NVIDIA", &visible, &[])).contains("matches several"));
+        assert!(message(pick_device_by_name("CUDA", "V100", &visible, &[])).contains("visible: \"NVIDIA H200\", \"NVIDIA RTX A2000\""));
+        assert!(message(pick_device_by_name("CUDA", "H200", &visible, &["h200".into()])).contains("forbidden"));
+        assert!(message(pick_device_by_name("CUDA", "H200", &[], &[])).contains("visible: none"));
+    }
 
     #[test]
     fn from_rows_pads_right_and_records_lengths() {

@@ -245,26 +245,13 @@ fn resolve_device(path: &Path, device: &str, forbidden: &[String]) -> Result<Opt
     if device.eq_ignore_ascii_case("cpu") {
         return Ok(None);
     }
-    let Some(wanted) = device.strip_prefix("vulkan:").map(str::trim) else {
+    let Some(wanted) = device.strip_prefix("vulkan:") else {
         return Err(EngineError::Device(format!("device {device:?}: use \"cpu\" or \"vulkan:<device name>\"")));
     };
-    if wanted.is_empty() || wanted.parse::<i64>().is_ok() {
-        return Err(EngineError::Device(format!("device {device:?}: pin a Vulkan device by its name, not by an index")));
-    }
     let visible = vulkan_devices(path)?;
-    let listing = || visible.iter().map(|(n, k)| format!("{n:?} ({k})")).collect::<Vec<_>>().join(", ");
-    let hits: Vec<(usize, &String)> =
-        visible.iter().enumerate().filter(|(_, (n, _))| n.to_lowercase().contains(&wanted.to_lowercase())).map(|(i, (n, _))| (i, n)).collect();
-    match hits[..] {
-        [(index, name)] => {
-            if forbidden.iter().any(|f| !f.is_empty() && name.to_lowercase().contains(&f.to_lowercase())) {
-                return Err(EngineError::Device(format!("Vulkan device {name:?} is on the server's forbidden list")));
-            }
-            Ok(Some((index as i32, name.clone())))
-        }
-        [] => Err(EngineError::Device(format!("no Vulkan device matches {wanted:?}; visible: {}", if visible.is_empty() { "none".into() } else { listing() }))),
-        _ => Err(EngineError::Device(format!("{wanted:?} matches several Vulkan devices; name one of: {}", listing()))),
-    }
+    let names: Vec<String> = visible.iter().map(|(n, _)| n.clone()).collect();
+    let index = eeane_backend_core::pick_device_by_name("Vulkan", wanted, &names, forbidden)?;
+    Ok(Some((index as i32, visible[index].0.clone())))
 }
 
 pub struct NcnnEngine {

