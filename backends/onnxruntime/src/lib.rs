@@ -42,7 +42,10 @@ fn open_runtime(library: &Path) -> Result<Runtime, EngineError> {
     if !library.exists() {
         return Err(fail(format!("ONNX Runtime library {} does not exist (run models/setup.sh, or set [runtimes] onnxruntime)", library.display())));
     }
-    let builder = ort::init_from(library).map_err(|e| fail(format!("cannot load ONNX Runtime from {}: {e}", library.display())))?;
+    // Opened by its real path: ONNX Runtime finds its provider libraries
+    // (CUDA) beside the file it was loaded from, not beside a link to it.
+    let real = std::fs::canonicalize(library).unwrap_or_else(|_| library.to_path_buf());
+    let builder = ort::init_from(&real).map_err(|e| fail(format!("cannot load ONNX Runtime from {}: {e}", library.display())))?;
     let env = builder.with_name("eeane").build().map_err(|e| fail(format!("cannot create the ONNX Runtime environment: {e}")))?;
     warm_up(&env).map_err(|e| fail(format!("ONNX Runtime from {} cannot run a graph: {e}", library.display())))?;
     page_out_library(library);
