@@ -56,7 +56,7 @@ $py tests/gpu/torch_peer.py "$root/texts.json" "$model_dir.torch" "$root/cache/m
 echo "torch exit $?"; cat "$OUT/torch.json"; tail -5 /tmp/torch.err
 
 model() {  # id, file, precision, device list, extra
-  printf '[[models]]\nid = "%s"\nengine = "onnxruntime"\nmodel = "%s/%s"\ntokenizer = "%s/tokenizer.json"\nmax_tokens = 256\nprecision = "%s"\ndevice = %s\nmax_batch = 256\nmax_batch_tokens = 65536\npooling = "none"\n%b\n' \
+  printf '[[models]]\nid = "%s"\nengine = "onnxruntime"\nmodel = "%s/%s"\ntokenizer = "%s/tokenizer.json"\nmax_tokens = 256\nprecision = "%s"\ndevice = %s\nmax_batch = 256\nmax_batch_tokens = 65536\npooling = "none"\nbuckets = [{ max_tokens = 64, max_batch = 256 }, { max_tokens = 128, max_batch = 256 }]\n%b\n' \
     "$1" "$model_dir" "$2" "$model_dir" "$3" "$4" "$5"
 }
 one="\"$device\""; two="[\"$device\", \"$device\"]"
@@ -86,8 +86,10 @@ kill -TERM $server; wait $server
 echo "VRAM after eeane stopped: $(vram) MiB" | tee -a "$OUT/vram.txt"
 
 # Throughput: eeane bench's four phases and idle latency, per model.
-for run in minilm-fp16:32 minilm-fp16:128 minilm-fp16-x4:128 minilm-fp16-one:128 minilm-fp32:128; do
+echo "== engine alone, full batches per bucket (token ids, no tokenization), one session"
+timeout 200 "$eeane" bench --config "$root/cuda.toml" --buckets --model minilm-fp16-one,minilm-fp32 2>&1 | grep -v -E "INFO|WARN" | tee "$OUT/bench.txt"
+for run in minilm-fp16:128 minilm-fp16-x4:128 minilm-fp16:32 minilm-fp32:128; do
   m=${run%:*} batch=${run#*:}
   echo "== $m, $batch texts a request"
   timeout 240 "$eeane" bench --config "$root/cuda.toml" --model $m --corpus "$root/texts.json" --texts "$texts_n" --batch $batch --clients 8 --parallel 32 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model|^idle|rror"
-done 2>&1 | tee "$OUT/bench.txt"
+done 2>&1 | tee -a "$OUT/bench.txt"

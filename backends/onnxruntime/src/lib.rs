@@ -132,7 +132,16 @@ pub struct OnnxRuntimeEngine {
     session: Session,
     info: EngineInfo,
     output_name: String,
+    /// On a GPU, batches run with their row count rounded up to a power of
+    /// two (rows of one padding token), so that a few shapes recur: ONNX
+    /// Runtime's CUDA provider pays for every shape it has not run before.
+    round_rows: bool,
 }
+
+/// Sequence lengths on a GPU are multiples of this: with row counts in powers
+/// of two, a model of 256 tokens and batches of 256 has 8 x 9 shapes, all run
+/// once at load.
+const GPU_SEQ_STEP: usize = 32;
 
 /// Loads `spec.model_path` on the CPU execution provider.
 fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
@@ -158,8 +167,11 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let model_err = |e: ort::Error| EngineError::Model(format!("{}: {e}", spec.model_path.display()));
     let mut builder = Session::builder(env).map_err(model_err)?;
     builder = builder.with_optimization_level(GraphOptimizationLevel::Level3).map_err(|e| model_err(e.into()))?;
-    if spec.threads > 0 {
-        builder = builder.with_intra_threads(spec.threads).map_err(|e| model_err(e.into()))?;
+    // On a GPU the CPU only runs the few shape operators: one thread, so that
+    // several sessions leave the cores to tokenization and HTTP.
+    let threads = if spec.threads == 0 && gpu.is_some() { 1 } else { spec.threads };
+    if threads > 0 {
+        builder = builder.with_intra_threads(threads).map_err(|e| model_err(e.into()))?;
     }
     builder = builder.with_intra_op_spinning(options.spin).map_err(|e| model_err(e.into()))?;
     if let Some((_, ordinal)) = &gpu {
@@ -205,15 +217,42 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         takes_token_type_ids: input_names.contains(&"token_type_ids"),
         // On the CPU every padded token costs compute and no length runs faster
         // than a shorter one, so batches run at their exact longest length. On
-        // a GPU lengths in steps of 8 keep the kernels' tiles full and the
-        // number of shapes (each one tuned once) small.
-        seq_multiple: if gpu.is_some() { 8 } else { 1 },
+        // a GPU lengths in steps keep the number of shapes small (see round_rows).
+        seq_multiple: if gpu.is_some() { GPU_SEQ_STEP } else { 1 },
         accelerated_layers: None,
         runtime_version: Some(version.clone()),
     };
     let output_name = output.name().to_string();
     LIVE_SESSIONS.fetch_add(1, Ordering::AcqRel);
-    Ok(Box::new(OnnxRuntimeEngine { session, info, output_name }))
+    let mut engine = OnnxRuntimeEngine { session, info, output_name, round_rows: gpu.is_some() };
+    if gpu.is_some() {
+        engine.run_every_shape(spec)?;
+    }
+    Ok(Box::new(engine))
+}
+
+impl OnnxRuntimeEngine {
+    /// Runs each shape a GPU batch can take once (rows in powers of two up to
+    /// the largest bucket's batch, lengths in steps up to its longest), so that
+    /// no request pays for a shape's first run.
+    fn run_every_shape(&mut self, spec: &EngineSpec) -> Result<(), EngineError> {
+        let started = std::time::Instant::now();
+        let max_rows = spec.shapes.iter().map(|s| s.0).max().unwrap_or(32).next_power_of_two();
+        let max_seq = spec.shapes.iter().map(|s| s.1).max().unwrap_or(512).div_ceil(GPU_SEQ_STEP) * GPU_SEQ_STEP;
+        let mut shapes = 0;
+        for seq in (GPU_SEQ_STEP..=max_seq).step_by(GPU_SEQ_STEP) {
+            let mut rows = 1;
+            while rows <= max_rows {
+                let row: Vec<i64> = (0..seq as i64).map(|i| 1000 + i).collect();
+                let batch = TokenBatch::from_rows(&vec![(row.as_slice(), None); rows], seq, 0);
+                self.run(&batch)?;
+                shapes += 1;
+                rows *= 2;
+            }
+        }
+        tracing::info!(shapes, seconds = started.elapsed().as_secs_f64(), "ran every GPU batch shape once");
+        Ok(())
+    }
 }
 
 impl Engine for OnnxRuntimeEngine {
@@ -222,9 +261,21 @@ impl Engine for OnnxRuntimeEngine {
     }
 
     fn run(&mut self, batch: &TokenBatch) -> Result<EngineOutput, EngineError> {
-        let shape = [batch.batch as i64, batch.seq as i64];
-        let tensor = |data: &[i64]| Tensor::from_array((shape, data.to_vec())).map_err(|e| EngineError::Input(e.to_string()));
-        let mut inputs = vec![("input_ids", tensor(&batch.input_ids)?), ("attention_mask", tensor(&batch.attention_mask)?)];
+        let rows = if self.round_rows { batch.batch.next_power_of_two() } else { batch.batch };
+        let seq = batch.seq;
+        let shape = [rows as i64, seq as i64];
+        // Padding rows: one attended padding token each (a row with nothing
+        // attended would divide by zero in the attention's softmax).
+        let padded = |data: &[i64], first: i64| {
+            let mut all = Vec::with_capacity(rows * seq);
+            all.extend_from_slice(data);
+            for _ in batch.batch..rows {
+                all.push(first);
+                all.extend(std::iter::repeat_n(0, seq - 1));
+            }
+            Tensor::from_array((shape, all)).map_err(|e| EngineError::Input(e.to_string()))
+        };
+        let mut inputs = vec![("input_ids", padded(&batch.input_ids, 0)?), ("attention_mask", padded(&batch.attention_mask, 1)?)];
         if self.info.takes_token_type_ids {
             let zeros;
             let types = match &batch.token_type_ids {
@@ -234,15 +285,16 @@ impl Engine for OnnxRuntimeEngine {
                     &zeros
                 }
             };
-            inputs.push(("token_type_ids", tensor(types)?));
+            inputs.push(("token_type_ids", padded(types, 0)?));
         }
         let outputs = self.session.run(inputs).map_err(|e| EngineError::Inference(e.to_string()))?;
         let (out_shape, data) = outputs[self.output_name.as_str()].try_extract_tensor::<f32>().map_err(|e| EngineError::Inference(e.to_string()))?;
         let dims: Vec<usize> = out_shape.iter().map(|&d| d as usize).collect();
+        let real = batch.batch;
         match dims.as_slice() {
-            [b, d] if *b == batch.batch => Ok(EngineOutput::Pooled { data: data.to_vec(), batch: *b, dim: *d }),
-            [b, s, d] if *b == batch.batch && *s == batch.seq => Ok(EngineOutput::Hidden { data: data.to_vec(), batch: *b, seq: *s, dim: *d }),
-            _ => Err(EngineError::Inference(format!("unexpected output shape {dims:?} for a batch of {}x{}", batch.batch, batch.seq))),
+            [b, d] if *b == rows => Ok(EngineOutput::Pooled { data: data[..real * d].to_vec(), batch: real, dim: *d }),
+            [b, s, d] if *b == rows && *s == seq => Ok(EngineOutput::Hidden { data: data[..real * s * d].to_vec(), batch: real, seq: *s, dim: *d }),
+            _ => Err(EngineError::Inference(format!("unexpected output shape {dims:?} for a batch of {rows}x{seq}"))),
         }
     }
 }
