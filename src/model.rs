@@ -156,11 +156,15 @@ impl LoadedModel {
     pub async fn embed(&self, inputs: Arc<Inputs>, deadline: Option<Instant>) -> Result<Inference, ModelError> {
         let tokenizer = self.tokenizer.clone();
         // Tokenizing thousands of texts takes milliseconds: keep it off the async workers.
+        let started = Instant::now();
         let groups: Vec<Vec<Encoded>> = blocking(&self.config.id, "tokenizer", move || tokenizer.encode(&inputs)).await??;
+        let tokenized = started.elapsed();
         let counts: Vec<usize> = groups.iter().map(Vec::len).collect();
         let seqs: Vec<Encoded> = groups.into_iter().flatten().collect();
         let tokens = seqs.iter().map(|s| s.ids.len()).sum();
+        let sequences = seqs.len();
         let mut vectors = self.worker.embed(seqs, deadline).await?.into_iter();
+        tracing::debug!(model = %self.config.id, sequences, tokenize_ms = tokenized.as_secs_f64() * 1e3, total_ms = started.elapsed().as_secs_f64() * 1e3, "embedded");
         let output = match self.config.kind {
             // One pair, one sequence, one value (checked at load).
             crate::config::ModelKind::Reranker => Output::Scores(vectors.map(|v| v.first().copied().unwrap_or(f32::NAN)).collect()),
