@@ -17,4 +17,9 @@ x = json.load(open(f"{root}/texts.json"))
 s = time.time(); [t.encode(a, add_special_tokens=False) for a in x]; print("tokenizers, one core:", round(len(x) / (time.time() - s)), "texts/s")
 s = time.time(); t.encode_batch(x, add_special_tokens=False); print("tokenizers, encode_batch (rayon, all cores):", round(len(x) / (time.time() - s)), "texts/s")
 PY
-RUST_LOG=eeane=debug timeout 200 "$root/eeane" bench --config "$root/cuda.toml" --model minilm-fp16-one --corpus "$root/texts.json" --texts 4000 --batch 128 2>&1 | grep -E "embedded|^\||idle" | grep -v "sequences=1 " | head -40
+EEANE_LOG=eeane=debug,eeane_backend_onnxruntime=debug timeout 200 "$root/eeane" bench --config "$root/cuda.toml" --model minilm-fp16-one --corpus "$root/texts.json" --texts 4000 --batch 128 2>&1 | grep -E "embedded|session run|^\||idle" | grep -v "sequences=1 " > /tmp/diag-bench.log
+grep -c "session run" /tmp/diag-bench.log
+# The in-process phase's runs (the first after the warm-up shapes), then a sample of the rest.
+grep -E "session run" /tmp/diag-bench.log | sed -n '73,130p' | sed 's/.*session run //'
+grep -E "embedded" /tmp/diag-bench.log | head -8 | sed 's/.*embedded //'
+grep -E "^\||idle" /tmp/diag-bench.log
