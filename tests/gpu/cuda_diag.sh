@@ -19,7 +19,7 @@ s = time.time(); t.encode_batch(x, add_special_tokens=False); print("tokenizers,
 PY
 EEANE_LOG=eeane=debug,eeane_backend_onnxruntime=debug timeout 200 "$root/eeane" bench --config "$root/cuda.toml" --model minilm-fp16-one --corpus "$root/texts.json" --texts 4000 --batch 128 2>&1 | grep -E "embedded|session run|^\||idle" | grep -v "sequences=1 " > /tmp/diag-bench.log
 grep -c "session run" /tmp/diag-bench.log
-# The in-process phase's runs (the first after the warm-up shapes), then a sample of the rest.
+grep -E 'session run' /tmp/diag-bench.log | sed -n '1,4p;68,72p' | sed 's/.*session run //'
 grep -E "session run" /tmp/diag-bench.log | sed -n '73,130p' | sed 's/.*session run //'
 grep -E "embedded" /tmp/diag-bench.log | head -8 | sed 's/.*embedded //'
 grep -E "^\||idle" /tmp/diag-bench.log
