@@ -79,9 +79,6 @@ impl Split {
     }
 }
 
-/// Texts in one request from which tokenization runs on several cores.
-const PARALLEL_FROM: usize = 64;
-
 pub struct TextTokenizer {
     backend: Box<dyn Vocabulary>,
     split: Split,
@@ -129,12 +126,6 @@ impl TextTokenizer {
     /// one per window otherwise. Token ids are validated against the vocabulary.
     pub fn encode(&self, inputs: &Inputs) -> Result<Vec<Vec<Encoded>>, TokenizeError> {
         match inputs {
-            // A large request spreads over the cores: one core tokenizes about
-            // 3,600 paragraph-sized texts a second, a GPU embeds ten times that.
-            Inputs::Texts(texts) if texts.len() >= PARALLEL_FROM => {
-                use rayon::prelude::*;
-                texts.par_iter().with_min_len(PARALLEL_FROM / 2).map(|t| self.split(&self.backend.content(t)?)).collect()
-            }
             Inputs::Texts(texts) => texts.iter().map(|t| self.split(&self.backend.content(t)?)).collect(),
             Inputs::TokenIds(all) => all
                 .iter()
