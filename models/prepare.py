@@ -53,8 +53,13 @@ def fetch_wheel(cache, requirement, expected_sha, filename):
     if target.exists() and sha256(target) == expected_sha:
         return target
     with tempfile.TemporaryDirectory(dir=downloads) as tmp:
+        # A wheel pinned for another Python (onnxruntime-gpu's, whose libraries
+        # eeane opens) is fetched for the platform its file name gives.
+        platform = []
+        if "-cp312-" in filename:
+            platform = ["--python-version", "3.12", "--platform", filename.rsplit("-", 1)[1].removesuffix(".whl")]
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:", "-d", tmp, requirement],
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:", "-d", tmp, requirement] + platform,
             check=True,
         )
         got = Path(tmp) / filename
@@ -122,6 +127,51 @@ def prepare_onnxruntime(cache):
         tmp_link.symlink_to(f"{version}/{src.name}")
         os.replace(tmp_link, link)
     print(f"onnxruntime {version}: {link}")
+
+
+ORT_GPU_WHEEL = catalog_wheel("onnxruntime-gpu")
+# CUDA 13 and cuDNN 9, as the onnxruntime-gpu wheel's [cuda,cudnn] extras name them.
+CUDA_WHEELS = ["nvidia-cuda-runtime~=13.0", "nvidia-cublas~=13.0", "nvidia-cufft~=12.0", "nvidia-curand~=10.0",
+               "nvidia-cuda-nvrtc~=13.0", "nvidia-cudnn-cu13~=9.0"]
+
+
+def prepare_onnxruntime_gpu(cache):
+    """ONNX Runtime's CUDA build for `device = "cuda:<GPU name>"`: the library,
+    its CUDA provider and the shared provider bridge from the pinned
+    onnxruntime-gpu wheel (one directory: the runtime finds its providers
+    beside itself), and CUDA 13 / cuDNN 9 from the nvidia-* wheels into
+    site/ beside it, which eeane loads before the provider. With
+    EEANE_CUDA_FROM_SYSTEM=1 the system's CUDA and cuDNN are used instead."""
+    home = cache / "runtimes" / "onnxruntime-gpu"
+    version = ORT_GPU_WHEEL[0].split("==")[1]
+    dest = home / version
+    names = [f"libonnxruntime.so.{version}", "libonnxruntime_providers_cuda.so", "libonnxruntime_providers_shared.so"]
+    if not all((dest / n).exists() for n in names):
+        wheel = fetch_wheel(cache, *ORT_GPU_WHEEL)
+        tmp = home / f".{version}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with zipfile.ZipFile(wheel) as z:
+            for n in names:
+                (tmp / n).write_bytes(z.read(f"onnxruntime/capi/{n}"))
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    link = home / "libonnxruntime.so"
+    if not link.is_symlink() or os.readlink(link) != f"{version}/{names[0]}":
+        tmp_link = home / ".libonnxruntime.so.tmp"
+        if tmp_link.is_symlink():
+            tmp_link.unlink()
+        tmp_link.symlink_to(f"{version}/{names[0]}")
+        os.replace(tmp_link, link)
+    site = home / "site"
+    if os.environ.get("EEANE_CUDA_FROM_SYSTEM") != "1" and not (site / ".complete").exists():
+        tmp = home / ".site.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(tmp)] + CUDA_WHEELS, check=True)
+        (tmp / ".complete").write_text("\n".join(CUDA_WHEELS) + "\n")
+        shutil.rmtree(site, ignore_errors=True)
+        os.replace(tmp, site)
+    print(f"onnxruntime-gpu {version}: {link} (CUDA and cuDNN: {site if site.exists() else 'the system'})")
 
 
 def prepare_openvino(cache):
@@ -1064,6 +1114,7 @@ def prepare_minilm_reranker(cache):
 TARGETS = {
     "minilm-reranker": prepare_minilm_reranker,
     "onnxruntime": prepare_onnxruntime,
+    "onnxruntime-gpu": prepare_onnxruntime_gpu,
     "openvino": prepare_openvino,
     "all-minilm-l6-v2": prepare_all_minilm_l6_v2,
     "all-minilm-l6-v2-int8": prepare_all_minilm_l6_v2_int8,

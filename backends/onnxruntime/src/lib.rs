@@ -289,7 +289,14 @@ impl Engine for OnnxRuntimeEngine {
         }
         let started = std::time::Instant::now();
         let outputs = self.session.run(inputs).map_err(|e| EngineError::Inference(e.to_string()))?;
-        tracing::debug!(rows, seq, real = batch.batch, longest = batch.lengths.iter().max().copied().unwrap_or(0), run_ms = started.elapsed().as_secs_f64() * 1e3, "session run");
+        tracing::debug!(
+            rows,
+            seq,
+            real = batch.batch,
+            longest = batch.lengths.iter().max().copied().unwrap_or(0),
+            run_ms = started.elapsed().as_secs_f64() * 1e3,
+            "session run"
+        );
         let (out_shape, data) = outputs[self.output_name.as_str()].try_extract_tensor::<f32>().map_err(|e| EngineError::Inference(e.to_string()))?;
         let dims: Vec<usize> = out_shape.iter().map(|&d| d as usize).collect();
         let real = batch.batch;
