@@ -234,9 +234,7 @@ pub struct VisibleDevices {
 /// error listing what is visible. `api` names the device kind in messages.
 pub fn pick_device_by_name(api: &str, wanted: &str, visible: &[String], forbidden: &[String]) -> Result<usize, EngineError> {
     let wanted = wanted.trim();
-    if wanted.is_empty() || wanted.parse::<i64>().is_ok() {
-        return Err(EngineError::Device(format!("pin a {api} device by its name, not by an index (visible: {})", listing(visible))));
-    }
+    refuse_index(api, wanted)?;
     let lower = wanted.to_lowercase();
     let hits: Vec<usize> = (0..visible.len()).filter(|&i| visible[i].to_lowercase().contains(&lower)).collect();
     match hits[..] {
@@ -250,6 +248,15 @@ pub fn pick_device_by_name(api: &str, wanted: &str, visible: &[String], forbidde
         [] => Err(EngineError::Device(format!("no {api} device matches {wanted:?}; visible: {}", listing(visible)))),
         _ => Err(EngineError::Device(format!("{wanted:?} matches several {api} devices; name one of: {}", listing(visible)))),
     }
+}
+
+/// An empty name or an index in place of a device name is refused, before
+/// anything is asked of the driver.
+pub fn refuse_index(api: &str, wanted: &str) -> Result<(), EngineError> {
+    if wanted.trim().is_empty() || wanted.trim().parse::<i64>().is_ok() {
+        return Err(EngineError::Device(format!("pin a {api} device by its name, not by an index ({wanted:?})")));
+    }
+    Ok(())
 }
 
 fn listing(visible: &[String]) -> String {

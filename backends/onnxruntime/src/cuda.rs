@@ -151,9 +151,7 @@ pub fn gpus() -> Result<Vec<Gpu>, String> {
 /// The GPU that `cuda:<name>` pins, by a unique substring of its name.
 pub fn pick(device: &str, forbidden: &[String]) -> Result<Gpu, EngineError> {
     let wanted = device.trim().strip_prefix("cuda:").ok_or_else(|| EngineError::Device(format!("device {device:?}: use \"cpu\" or \"cuda:<GPU name>\"")))?;
-    if wanted.trim().parse::<i64>().is_ok() {
-        return Err(EngineError::Device(format!("device {device:?}: pin a CUDA device by its name, not by an index")));
-    }
+    eeane_backend_core::refuse_index("CUDA", wanted)?;
     let gpus = gpus().map_err(EngineError::Device)?;
     let names: Vec<String> = gpus.iter().map(|g| g.name.clone()).collect();
     let index = eeane_backend_core::pick_device_by_name("CUDA", wanted, &names, forbidden)?;
