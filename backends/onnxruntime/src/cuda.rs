@@ -13,9 +13,12 @@ use std::sync::OnceLock;
 
 use eeane_backend_core::EngineError;
 
-/// The `[runtimes]` key of the CUDA build, and where `eeane pull onnxruntime-gpu` puts it.
+/// The `[runtimes]` key of the CUDA build, and where `INSTALL` puts it.
 pub const RUNTIME_KEY: &str = "onnxruntime-cuda";
 pub const DEFAULT_RUNTIME: &str = "{cache}/runtimes/onnxruntime-gpu/libonnxruntime.so";
+
+/// How a user installs the CUDA build, with CUDA and cuDNN from PyPI.
+const INSTALL: &str = "`eeane pull all-minilm-l6-v2-cuda`, or `EEANE_EXTRA_MODELS=onnxruntime-gpu bash models/setup.sh` for the runtime alone";
 
 /// The provider library that the CUDA build loads from beside itself.
 const PROVIDER: &str = "libonnxruntime_providers_cuda.so";
@@ -159,7 +162,7 @@ pub fn pick(device: &str, forbidden: &[String]) -> Result<Gpu, EngineError> {
 }
 
 /// The directories searched for the CUDA and cuDNN libraries: the nvidia-*
-/// wheels that `eeane pull onnxruntime-gpu` installs beside the runtime
+/// wheels that `INSTALL` puts beside the runtime
 /// (`site/nvidia/*/lib`), then the system's loader path.
 fn library_dirs(runtime: &Path) -> Vec<PathBuf> {
     let Some(home) = runtime.parent() else { return Vec::new() };
@@ -220,19 +223,19 @@ pub fn problem(device: &str, runtime: Option<&Path>, forbidden: &[String]) -> Op
     match runtime {
         None => missing.push(format!("no ONNX Runtime CUDA build configured ([runtimes] {RUNTIME_KEY})")),
         Some(runtime) if !runtime.exists() => {
-            missing.push(format!("the ONNX Runtime CUDA build {} (run `eeane pull onnxruntime-gpu`, or set [runtimes] {RUNTIME_KEY})", runtime.display()))
+            missing.push(format!("the ONNX Runtime CUDA build {} (install it: {INSTALL}; or set [runtimes] {RUNTIME_KEY})", runtime.display()))
         }
         Some(runtime) => {
             let real = std::fs::canonicalize(runtime).unwrap_or_else(|_| runtime.to_path_buf());
             let provider = real.with_file_name(PROVIDER);
             if !provider.exists() {
-                missing.push(format!("the CUDA provider library {} (the onnxruntime-gpu wheel's; run `eeane pull onnxruntime-gpu`)", provider.display()));
+                missing.push(format!("the CUDA provider library {} (the onnxruntime-gpu wheel's; install it: {INSTALL})", provider.display()));
             }
             let dirs = library_dirs(runtime);
             let absent: Vec<&str> = CUDA_LIBRARIES.iter().chain(CUDNN_LIBRARIES).copied().filter(|n| locate(n, &dirs).is_none()).collect();
             if !absent.is_empty() {
                 missing.push(format!(
-                    "CUDA 13 / cuDNN 9 libraries {} (looked in {}{}the loader path; `eeane pull onnxruntime-gpu` installs them from the nvidia-* wheels)",
+                    "CUDA 13 / cuDNN 9 libraries {} (looked in {}{}the loader path; {INSTALL} installs them from the nvidia-* wheels)",
                     absent.join(", "),
                     dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
                     if dirs.is_empty() { "" } else { ", then " }
