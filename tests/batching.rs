@@ -104,4 +104,8 @@ fn eeane_bench_runs_all_four_phases_and_writes_json() {
     let phases = report["phases"].as_array().unwrap();
     assert_eq!(phases.len(), 4);
     assert!(phases.iter().all(|p| p["texts_per_s"].as_f64().unwrap() > 0.0));
+    assert!(stdout.contains("tokenizer alone:"), "{stdout}");
+    for rate in ["tokenizer_one_thread_per_s", "tokenizer_all_cores_per_s"] {
+        assert!(report[rate].as_f64().unwrap() > 0.0, "{rate}: {report}");
+    }
 }

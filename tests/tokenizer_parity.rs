@@ -88,3 +88,24 @@ fn token_id_inputs_are_checked_and_wrapped() {
     let ids: Vec<Vec<i64>> = got[0].iter().map(|e| e.ids.clone()).collect();
     assert_eq!(ids, vec![vec![2, 10, 11, 12, 13, 3], vec![2, 13, 14, 15, 16, 3], vec![2, 16, 17, 18, 19, 3]]);
 }
+
+/// A request of many texts is tokenized on all cores: the sequences must be
+/// those of each text tokenized alone, in the request's order, windows
+/// included.
+#[test]
+fn many_texts_at_once_equal_each_text_alone() {
+    let path = common::minilm_dir().join("tokenizer.json");
+    let mut texts = corpus();
+    texts.extend(common::fixture_texts());
+    texts.extend((0..200).map(|i| format!("def f_{i}(x):\n    return x * {i}  # line {i}")));
+    for split in [Split::Truncate { max_tokens: 32 }, Split::Window { window: 24, stride: 16 }] {
+        let tokenizer = TextTokenizer::load(&path, TokenIds::Raw, split).unwrap();
+        let together = tokenizer.encode(&Inputs::Texts(texts.clone())).unwrap();
+        let alone: Vec<_> = texts.iter().map(|t| tokenizer.encode(&Inputs::Texts(vec![t.clone()])).unwrap().remove(0)).collect();
+        assert_eq!(together.len(), texts.len());
+        assert!(together == alone, "{split:?}: a text tokenized with others differs from the same text alone");
+        if let Split::Window { .. } = split {
+            assert!(together.iter().any(|g| g.len() > 1), "the corpus should have inputs long enough for several windows");
+        }
+    }
+}

@@ -52,6 +52,7 @@ use crate::config::{BatchOrder, Config, LoadPolicy, ModelConfig};
 use crate::http::{router, AppState};
 use crate::model::{Inputs, LoadedModel};
 use crate::serving::Service;
+use crate::tokenize::TextTokenizer;
 
 pub use buckets::{BucketFigure, ModelFigures};
 pub use corpus::corpus;
@@ -105,6 +106,11 @@ pub struct Report {
     /// user sees on an idle server (median and 99th percentile, ms).
     pub idle_p50_ms: Option<f64>,
     pub idle_p99_ms: Option<f64>,
+    /// The tokenizer alone on the corpus: texts/s on one thread, and as one
+    /// request of every text (spread over the cores), with how many cores.
+    pub tokenizer_one_thread_per_s: f64,
+    pub tokenizer_all_cores_per_s: f64,
+    pub cores: usize,
     pub server_bulk_over_engine: f64,
     pub one_per_request_over_bulk: f64,
     pub sorted_over_pad_to_longest: f64,
@@ -164,6 +170,27 @@ async fn in_process(label: &'static str, name: &'static str, config: &ModelConfi
         engine_batches,
     };
     Ok((phase, result.tokens))
+}
+
+/// Texts/s of the model's tokenizer over `texts`: in requests of a few texts
+/// (each on one thread), then as one request of them all (on every core).
+async fn tokenizer_rates(config: &ModelConfig, texts: &Arc<Vec<String>>) -> Result<(f64, f64), BenchError> {
+    let (config, texts) = (config.clone(), texts.clone());
+    let rates = tokio::task::spawn_blocking(move || -> Result<(f64, f64), crate::tokenize::TokenizeError> {
+        let tokenizer = TextTokenizer::from_config(&config)?;
+        let started = Instant::now();
+        for few in texts.chunks(8) {
+            tokenizer.encode(&Inputs::Texts(few.to_vec()))?;
+        }
+        let one_thread = texts.len() as f64 / started.elapsed().as_secs_f64();
+        let all = Inputs::Texts(texts.to_vec());
+        let started = Instant::now();
+        tokenizer.encode(&all)?;
+        Ok((one_thread, texts.len() as f64 / started.elapsed().as_secs_f64()))
+    })
+    .await
+    .map_err(|e| BenchError::Config(format!("tokenizer: {e}")))?;
+    rates.map_err(|e| BenchError::Config(format!("tokenizer: {e}")))
 }
 
 /// The server a phase over HTTP talks to, and the model it asks for.
@@ -272,6 +299,7 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
     });
     eprintln!("eeane bench: model {}, {} texts (seed {}), batches of {}", model.id, texts.len(), options.seed, options.batch);
 
+    let (tokenizer_one_thread_per_s, tokenizer_all_cores_per_s) = tokenizer_rates(&model, &texts).await?;
     let sorted = ModelConfig { max_batch: options.batch, ..model.clone() };
     let (engine, tokens) = in_process("1 engine in-process, sorted", "engine in-process (sorted, bucketed)", &sorted, &config, &texts).await?;
     let arrival = ModelConfig { batch_order: BatchOrder::Arrival, buckets: Vec::new(), max_batch: options.batch, ..model.clone() };
@@ -295,6 +323,9 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
         mean_tokens: tokens as f64 / texts.len() as f64,
         idle_p50_ms: idle.p50_ms,
         idle_p99_ms: idle.p99_ms,
+        tokenizer_one_thread_per_s,
+        tokenizer_all_cores_per_s,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         server_bulk_over_engine: bulk.texts_per_s / engine.texts_per_s,
         one_per_request_over_bulk: single.texts_per_s / bulk.texts_per_s,
         sorted_over_pad_to_longest: engine.texts_per_s / padded.texts_per_s,
@@ -342,6 +373,13 @@ pub fn table(report: &Report, options: &BenchOptions) -> String {
     if let (Some(p50), Some(p99)) = (report.idle_p50_ms, report.idle_p99_ms) {
         out += &format!("\nidle server, one text per request, one at a time: p50 {p50:.2} ms, p99 {p99:.2} ms\n");
     }
+    if report.idle_p50_ms.is_none() {
+        out.push('\n');
+    }
+    out += &format!(
+        "tokenizer alone: {:.0} texts/s on one thread, {:.0} texts/s as one request on {} cores\n",
+        report.tokenizer_one_thread_per_s, report.tokenizer_all_cores_per_s, report.cores
+    );
     out += &format!(
         "\n(2)/(1) server bulk / engine: {:.2}\n(3)/(2) one text per request / bulk: {:.2}\n(1)/(4) sorted + bucketed / pad-to-longest: {:.2}\n",
         report.server_bulk_over_engine, report.one_per_request_over_bulk, report.sorted_over_pad_to_longest

@@ -8,6 +8,8 @@ mod sentencepiece;
 use std::ops::Range;
 use std::path::Path;
 
+use rayon::prelude::*;
+
 use crate::config::{LongText, ModelConfig, TokenIds};
 
 /// What a request asks to embed.
@@ -79,6 +81,12 @@ impl Split {
     }
 }
 
+/// From this many texts in one request, tokenization is spread over rayon's
+/// pool (one thread per core), in runs of at least `PARALLEL_CHUNK` texts; a
+/// text takes 0.1-0.3 ms, so fewer gain less than the hand-off costs.
+const PARALLEL_FROM: usize = 16;
+const PARALLEL_CHUNK: usize = 4;
+
 pub struct TextTokenizer {
     backend: Box<dyn Vocabulary>,
     split: Split,
@@ -124,8 +132,13 @@ impl TextTokenizer {
 
     /// The sequences for each input, in order: one per input when truncating,
     /// one per window otherwise. Token ids are validated against the vocabulary.
+    /// Many texts are tokenized on all cores, so that one large request does
+    /// not leave an accelerator waiting on one core.
     pub fn encode(&self, inputs: &Inputs) -> Result<Vec<Vec<Encoded>>, TokenizeError> {
         match inputs {
+            Inputs::Texts(texts) if texts.len() >= PARALLEL_FROM => {
+                texts.par_iter().with_min_len(PARALLEL_CHUNK).map(|t| self.split(&self.backend.content(t)?)).collect()
+            }
             Inputs::Texts(texts) => texts.iter().map(|t| self.split(&self.backend.content(t)?)).collect(),
             Inputs::TokenIds(all) => all
                 .iter()
@@ -163,13 +176,15 @@ impl TextTokenizer {
         if room == 0 {
             return Err(TokenizeError::QueryTooLong { query: query.len(), specials: hf.pair_specials(), max_tokens });
         }
-        documents
-            .iter()
-            .map(|d| {
-                let document = hf.content(d)?;
-                hf.wrap_pair(&query, &document[..document.len().min(room)])
-            })
-            .collect()
+        let pair = |d: &String| {
+            let document = hf.content(d)?;
+            hf.wrap_pair(&query, &document[..document.len().min(room)])
+        };
+        if documents.len() >= PARALLEL_FROM {
+            documents.par_iter().with_min_len(PARALLEL_CHUNK).map(pair).collect()
+        } else {
+            documents.iter().map(pair).collect()
+        }
     }
 
     /// One sequence per input, truncated whatever the model's long-text mode
