@@ -109,3 +109,25 @@ fn many_texts_at_once_equal_each_text_alone() {
         }
     }
 }
+
+/// tokenizer.json in eeane (the `tokenizers` crate, special tokens added by
+/// the frame found at load) against Python's `tokenizers` on the same file.
+#[test]
+fn tokenizer_json_ids_equal_python() {
+    let path = common::minilm_dir().join("tokenizer.json");
+    let texts = corpus();
+    for max_tokens in [1_000_000, 128] {
+        let want = run_reference("hf_ids.py", &json!({"tokenizer": path, "max_tokens": max_tokens, "texts": texts}));
+        let column =
+            |key: &str| -> Vec<Vec<i64>> { want[key].as_array().unwrap().iter().map(|v| common::f64s(v).into_iter().map(|x| x as i64).collect()).collect() };
+        let (ids, type_ids) = (column("ids"), column("type_ids"));
+        let tokenizer = TextTokenizer::load(&path, TokenIds::Raw, Split::Truncate { max_tokens }).unwrap();
+        let got = tokenizer.encode(&Inputs::Texts(texts.clone())).unwrap();
+        let differ: Vec<usize> = (0..texts.len()).filter(|&i| got[i][0].ids != ids[i] || got[i][0].type_ids != type_ids[i]).collect();
+        for &i in differ.iter().take(5) {
+            eprintln!("max {max_tokens}: text {i} {:?}\n  eeane  {:?}\n  python {:?}", texts[i], got[i][0].ids, ids[i]);
+        }
+        assert!(differ.is_empty(), "max_tokens {max_tokens}: {} of {} texts differ", differ.len(), texts.len());
+        println!("tokenizer.json, max_tokens {max_tokens}: {} texts, ids and type ids identical to Python tokenizers", texts.len());
+    }
+}

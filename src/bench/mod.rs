@@ -111,9 +111,21 @@ pub struct Report {
     pub tokenizer_one_thread_per_s: f64,
     pub tokenizer_all_cores_per_s: f64,
     pub cores: usize,
+    /// The accelerator's memory from its driver (NVML for CUDA), before
+    /// the run, while the server holds the model, and after it stopped.
+    pub device_memory: Option<DeviceMemoryReport>,
     pub server_bulk_over_engine: f64,
     pub one_per_request_over_bulk: f64,
     pub sorted_over_pad_to_longest: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceMemoryReport {
+    pub device: String,
+    pub total_mib: u64,
+    pub at_rest_mib: u64,
+    pub loaded_mib: u64,
+    pub after_mib: u64,
 }
 
 fn progress(label: &str, total: usize) -> ProgressBar {
@@ -299,6 +311,8 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
     });
     eprintln!("eeane bench: model {}, {} texts (seed {}), batches of {}", model.id, texts.len(), options.seed, options.batch);
 
+    let device_memory = || crate::engines::find(&model.engine).and_then(|e| e.device_memory(&model.device));
+    let at_rest = device_memory();
     let (tokenizer_one_thread_per_s, tokenizer_all_cores_per_s) = tokenizer_rates(&model, &texts).await?;
     let sorted = ModelConfig { max_batch: options.batch, ..model.clone() };
     let (engine, tokens) = in_process("1 engine in-process, sorted", "engine in-process (sorted, bucketed)", &sorted, &config, &texts).await?;
@@ -313,7 +327,22 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
     let single = over_http("3 server, one text per request", "server over HTTP, one text per request", &target, &texts, 1, options.parallel, tokens).await?;
     let lone = Arc::new(texts[..texts.len().min(200)].to_vec());
     let idle = over_http("idle, one request at a time", "idle", &target, &lone, 1, 1, 0).await?;
+    let loaded = device_memory();
     server.abort();
+    let _ = server.await;
+    drop(service);
+    // The engine process gives the device back as it exits.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let device_memory = match (at_rest, loaded, device_memory()) {
+        (Some(rest), Some(loaded), Some(after)) => Some(DeviceMemoryReport {
+            device: rest.name,
+            total_mib: rest.total_mib,
+            at_rest_mib: rest.used_mib,
+            loaded_mib: loaded.used_mib,
+            after_mib: after.used_mib,
+        }),
+        _ => None,
+    };
 
     let report = Report {
         model: model.id.clone(),
@@ -326,6 +355,7 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
         tokenizer_one_thread_per_s,
         tokenizer_all_cores_per_s,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        device_memory,
         server_bulk_over_engine: bulk.texts_per_s / engine.texts_per_s,
         one_per_request_over_bulk: single.texts_per_s / bulk.texts_per_s,
         sorted_over_pad_to_longest: engine.texts_per_s / padded.texts_per_s,
@@ -380,6 +410,12 @@ pub fn table(report: &Report, options: &BenchOptions) -> String {
         "tokenizer alone: {:.0} texts/s on one thread, {:.0} texts/s as one request on {} cores\n",
         report.tokenizer_one_thread_per_s, report.tokenizer_all_cores_per_s, report.cores
     );
+    if let Some(m) = &report.device_memory {
+        out += &format!(
+            "{}: {} MiB in use at rest, {} MiB with the model loaded, {} MiB after the server stopped (of {} MiB)\n",
+            m.device, m.at_rest_mib, m.loaded_mib, m.after_mib, m.total_mib
+        );
+    }
     out += &format!(
         "\n(2)/(1) server bulk / engine: {:.2}\n(3)/(2) one text per request / bulk: {:.2}\n(1)/(4) sorted + bucketed / pad-to-longest: {:.2}\n",
         report.server_bulk_over_engine, report.one_per_request_over_bulk, report.sorted_over_pad_to_longest

@@ -12,6 +12,50 @@ pub struct HfTokenizer {
     pad_id: i64,
     specials: usize,
     pair_specials: usize,
+    frame: Option<Frame>,
+}
+
+/// The post-processor's single-sequence output as fixed tokens around the
+/// content (BERT: `[CLS]` content `[SEP]`, type ids 0), when probes show it is
+/// one. Wrapping then copies ids; the post-processor itself builds a string
+/// per token, a fifth of the time tokenizing took.
+struct Frame {
+    prefix: Encoded,
+    suffix: Encoded,
+    content_type: i64,
+}
+
+impl Frame {
+    /// The frame that `wrap` shows around probes of 0, 1 and 3 tokens, if one
+    /// frame explains all three.
+    fn find(wrap: impl Fn(&[u32]) -> Option<Encoded>, specials: usize, a: u32, b: u32) -> Option<Frame> {
+        let probes: [&[u32]; 3] = [&[], &[a], &[a, b, a]];
+        let outputs: Vec<Encoded> = probes.iter().map(|p| wrap(p)).collect::<Option<_>>()?;
+        (0..=specials).find_map(|k| {
+            let one = &outputs[1];
+            if one.ids.len() != specials + 1 {
+                return None;
+            }
+            let frame = Frame {
+                prefix: Encoded { ids: one.ids[..k].to_vec(), type_ids: one.type_ids[..k].to_vec() },
+                suffix: Encoded { ids: one.ids[k + 1..].to_vec(), type_ids: one.type_ids[k + 1..].to_vec() },
+                content_type: one.type_ids[k],
+            };
+            probes.iter().zip(&outputs).all(|(probe, output)| frame.wrap(probe) == *output).then_some(frame)
+        })
+    }
+
+    fn wrap(&self, content: &[u32]) -> Encoded {
+        let mut ids = Vec::with_capacity(self.prefix.ids.len() + content.len() + self.suffix.ids.len());
+        ids.extend_from_slice(&self.prefix.ids);
+        ids.extend(content.iter().map(|&i| i as i64));
+        ids.extend_from_slice(&self.suffix.ids);
+        let mut type_ids = Vec::with_capacity(ids.len());
+        type_ids.extend_from_slice(&self.prefix.type_ids);
+        type_ids.extend(std::iter::repeat_n(self.content_type, content.len()));
+        type_ids.extend_from_slice(&self.suffix.type_ids);
+        Encoded { ids, type_ids }
+    }
 }
 
 impl HfTokenizer {
@@ -25,7 +69,13 @@ impl HfTokenizer {
         let vocab_size = inner.get_vocab_size(true);
         let specials = inner.get_post_processor().map(|p| p.added_tokens(false)).unwrap_or(0);
         let pair_specials = inner.get_post_processor().map(|p| p.added_tokens(true)).unwrap_or(0);
-        Ok(Self { inner, vocab_size, pad_id, specials, pair_specials })
+        let mut tokenizer = Self { inner, vocab_size, pad_id, specials, pair_specials, frame: None };
+        // Two ordinary ids to probe with: the vocabulary's last two.
+        if vocab_size >= 2 {
+            let (a, b) = (vocab_size as u32 - 1, vocab_size as u32 - 2);
+            tokenizer.frame = Frame::find(|probe| tokenizer.post_process(tokenizer.encoding(probe, 0), None).ok(), specials, a, b);
+        }
+        Ok(tokenizer)
     }
 
     /// Special tokens the post-processor adds to a pair of sequences.
@@ -75,10 +125,52 @@ impl Vocabulary for HfTokenizer {
 
     /// The model's special tokens around `content`, with its type ids.
     fn wrap(&self, content: &[u32]) -> Result<Encoded, TokenizeError> {
-        self.post_process(self.encoding(content, 0), None)
+        match &self.frame {
+            Some(frame) => Ok(frame.wrap(content)),
+            None => self.post_process(self.encoding(content, 0), None),
+        }
     }
 
     fn pairs(&self) -> Option<&HfTokenizer> {
         Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Encoded, Frame};
+
+    fn encoded(ids: &[i64], type_ids: &[i64]) -> Encoded {
+        Encoded { ids: ids.to_vec(), type_ids: type_ids.to_vec() }
+    }
+
+    #[test]
+    fn a_fixed_template_becomes_a_frame_and_anything_else_does_not() {
+        // BERT: [CLS]=101 content [SEP]=102, type ids 0.
+        let bert = |c: &[u32]| {
+            let ids: Vec<i64> = [101].into_iter().chain(c.iter().map(|&i| i as i64)).chain([102]).collect();
+            Some(Encoded { type_ids: vec![0; ids.len()], ids })
+        };
+        let frame = Frame::find(bert, 2, 7, 8).expect("BERT's template is a frame");
+        assert_eq!(frame.wrap(&[5, 6]), encoded(&[101, 5, 6, 102], &[0, 0, 0, 0]));
+        // Content typed 1 between specials typed 0 and 2.
+        let typed = |c: &[u32]| {
+            let ids: Vec<i64> = [1].into_iter().chain(c.iter().map(|&i| i as i64)).chain([2, 3]).collect();
+            let type_ids = [0].into_iter().chain(c.iter().map(|_| 1)).chain([2, 2]).collect();
+            Some(Encoded { ids, type_ids })
+        };
+        assert_eq!(Frame::find(typed, 3, 7, 8).unwrap().wrap(&[9]), encoded(&[1, 9, 2, 3], &[0, 1, 2, 2]));
+        // A template that puts a token between content tokens is not a frame.
+        let interleaved = |c: &[u32]| {
+            let ids: Vec<i64> = c.iter().flat_map(|&i| [i as i64, 0]).collect();
+            Some(Encoded { type_ids: vec![0; ids.len()], ids })
+        };
+        assert!(Frame::find(interleaved, 1, 7, 8).is_none());
+        // One that adds nothing is an empty frame.
+        let plain = |c: &[u32]| {
+            let ids: Vec<i64> = c.iter().map(|&i| i as i64).collect();
+            Some(Encoded { type_ids: vec![0; ids.len()], ids })
+        };
+        assert_eq!(Frame::find(plain, 0, 7, 8).unwrap().wrap(&[4]), encoded(&[4], &[0]));
     }
 }

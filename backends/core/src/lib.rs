@@ -278,6 +278,14 @@ pub struct DeviceRuntime {
     pub device_prefix: &'static str,
 }
 
+/// A device's name and its memory in use, as its driver reports them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceMemory {
+    pub name: String,
+    pub used_mib: u64,
+    pub total_mib: u64,
+}
+
 /// Resolves a path written in a model entry: `{cache}/...`, `~/...`, absolute,
 /// or relative to the config file.
 pub type PathResolver<'a> = &'a dyn Fn(&Path) -> PathBuf;
@@ -311,6 +319,14 @@ pub trait Backend: Sync {
     /// on it, and the model's load fails with the same words.
     fn device_problem(&self, device: &str, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
         let _ = (device, library, forbidden);
+        None
+    }
+
+    /// The memory of the device a model on `device` uses (the first of a
+    /// list), read without loading anything: a GPU's VRAM from its driver.
+    /// `None` for a device whose memory is the host's, or that cannot be read.
+    fn device_memory(&self, device: &str) -> Option<DeviceMemory> {
+        let _ = device;
         None
     }
 

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use eeane_backend_core::{
-    Backend, DeviceRuntime, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Options, PathResolver, TokenBatch,
+    Backend, DeviceMemory, DeviceRuntime, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Options, PathResolver,
+    TokenBatch,
 };
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
@@ -100,6 +101,12 @@ impl Backend for OnnxRuntime {
 
     fn device_problem(&self, device: &str, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
         cuda::is_cuda(device).then(|| cuda::problem(device, library, forbidden)).flatten()
+    }
+
+    fn device_memory(&self, device: &str) -> Option<DeviceMemory> {
+        let first = device.split(',').next()?;
+        let gpu = cuda::is_cuda(first).then(|| cuda::pick(first, &[]).ok()).flatten()?;
+        Some(DeviceMemory { name: gpu.name, used_mib: gpu.memory_used >> 20, total_mib: gpu.memory_total >> 20 })
     }
 
     fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, InvalidOptions> {
