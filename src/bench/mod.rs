@@ -331,9 +331,19 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
     server.abort();
     let _ = server.await;
     drop(service);
-    // The engine process gives the device back as it exits.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let device_memory = match (at_rest, loaded, device_memory()) {
+    // The engine processes give the device back as they exit, which takes
+    // a CUDA context a moment: wait up to 15 s for the floor (within 64 MiB).
+    let mut after = device_memory();
+    for _ in 0..60 {
+        match (&at_rest, &after) {
+            (Some(rest), Some(now)) if now.used_mib > rest.used_mib + 64 => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                after = device_memory();
+            }
+            _ => break,
+        }
+    }
+    let device_memory = match (at_rest, loaded, after) {
         (Some(rest), Some(loaded), Some(after)) => Some(DeviceMemoryReport {
             device: rest.name,
             total_mib: rest.total_mib,

@@ -90,8 +90,8 @@ echo "VRAM after eeane stopped: $(vram) MiB" | tee -a "$OUT/vram.txt"
 # Throughput: eeane bench's four phases and idle latency, per model.
 echo "== engine alone, full batches per bucket (token ids, no tokenization), one session"
 timeout 200 "$eeane" bench --config "$root/cuda.toml" --buckets --model minilm-fp16-one,minilm-fp32 2>&1 | grep -v -E "INFO|WARN" | tee "$OUT/bench.txt"
-for run in minilm-fp16:128 minilm-fp16-x4:128 minilm-fp16:32 minilm-fp32:128; do
-  m=${run%:*} batch=${run#*:}
-  echo "== $m, $batch texts a request"
-  timeout 240 "$eeane" bench --config "$root/cuda.toml" --model $m --corpus "$root/texts.json" --texts "$texts_n" --batch $batch --clients 8 --parallel 32 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model|^idle|rror"
+for run in minilm-fp16:128:8 minilm-fp16-x4:128:16 minilm-fp16:32:8 minilm-fp32:128:8; do
+  IFS=: read -r m batch clients <<< "$run"
+  echo "== $m, $batch texts a request, $clients clients"
+  timeout 240 "$eeane" bench --config "$root/cuda.toml" --model $m --corpus "$root/texts.json" --texts "$texts_n" --batch $batch --clients $clients --parallel $((clients * 4)) 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model|^idle|^tokenizer|MiB|rror"
 done 2>&1 | tee -a "$OUT/bench.txt"
