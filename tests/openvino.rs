@@ -162,3 +162,84 @@ fn a_missing_openvino_library_fails_only_its_models() {
     assert!(message.contains("/nonexistent/libopenvino_c.so"), "{message}");
     assert_eq!(embed(&server, "minilm-ort", &["x".to_string()]).len(), 1, "the ONNX Runtime model keeps serving");
 }
+
+/// Every bucket list that eeane ships (the default config, the catalog's
+/// snippets, the examples), with every precision the OpenVINO engine offers
+/// for an fp32 graph, on the default model: each bucket is filled to its
+/// exact shape, and the vectors are held against ONNX Runtime fp32.
+#[test]
+fn every_shipped_bucket_list_runs_in_every_precision() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut lists: Vec<Vec<(usize, usize)>> = Vec::new();
+    let mut add = |models: &toml::Value| {
+        for model in models.as_array().into_iter().flatten() {
+            let Some(buckets) = model.get("buckets").and_then(|b| b.as_array()) else { continue };
+            let list: Vec<(usize, usize)> = buckets
+                .iter()
+                .map(|b| (b["max_tokens"].as_integer().unwrap() as usize, b["max_batch"].as_integer().unwrap() as usize))
+                .filter(|&(tokens, _)| tokens <= 256)
+                .collect();
+            if !list.is_empty() && !lists.contains(&list) {
+                lists.push(list);
+            }
+        }
+    };
+    let read = |path: &str| -> toml::Value { toml::from_str(&std::fs::read_to_string(root.join(path)).unwrap()).unwrap() };
+    add(&read("config/default.toml")["models"]);
+    add(&read("examples/openvino-buckets.toml")["models"]);
+    for entry in read("models/catalog.toml")["model"].as_array().unwrap() {
+        if let Some(snippet) = entry.get("snippet").and_then(|s| s.as_str()) {
+            add(&toml::from_str::<toml::Value>(snippet).unwrap()["models"]);
+        }
+    }
+    assert!(lists.len() >= 2, "shipped bucket lists: {lists:?}");
+
+    let cache = tempfile::tempdir().unwrap();
+    let dir = minilm_dir();
+    let runtimes = common::cache_dir().join("runtimes");
+    let entry = |id: &str, engine: &str, precision: &str, list: &[(usize, usize)]| {
+        let buckets: Vec<String> = list.iter().map(|(t, b)| format!("{{ max_tokens = {t}, max_batch = {b} }}")).collect();
+        format!(
+            "[[models]]\nid = \"{id}\"\nengine = \"{engine}\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\n{precision}buckets = [{}]\n",
+            dir.join("model.onnx").display(),
+            dir.join("tokenizer.json").display(),
+            buckets.join(", ")
+        )
+    };
+    let precisions = ["f32", "bf16", "f16"];
+    // Its own cache, for the compile cache's blobs; the runtimes from the real one.
+    let mut config = format!(
+        "[server]\ncache_dir = \"{}\"\n[runtimes]\nopenvino = \"{}\"\nonnxruntime = \"{}\"\n",
+        cache.path().display(),
+        runtimes.join("openvino/libopenvino_c.so").display(),
+        runtimes.join("onnxruntime/libonnxruntime.so").display()
+    );
+    config += &entry("ort", "onnxruntime", "", &[(256, 64)]);
+    for (l, list) in lists.iter().enumerate() {
+        for precision in precisions {
+            config += &entry(&format!("ov-{l}-{precision}"), "openvino", &format!("device = \"CPU\"\nprecision = \"{precision}\"\n"), list);
+        }
+    }
+    let server = Server::start(Some(&config), &[]);
+    let words = ["the", "cat", "sat", "on", "a", "mat", "and", "ran"];
+    for (l, list) in lists.iter().enumerate() {
+        for &(tokens, rows) in list {
+            // `rows` texts of exactly `tokens` tokens ([CLS] and [SEP] included).
+            let texts: Vec<String> =
+                (0..rows).map(|i| (0..tokens - 2).map(|j| words[(i * 3 + j * (i % 5 + 1)) % words.len()]).collect::<Vec<_>>().join(" ")).collect();
+            let reference = embed(&server, "ort", &texts);
+            for precision in precisions {
+                let id = format!("ov-{l}-{precision}");
+                let (status, response) = server.post("/v1/embeddings", &json!({"model": id, "input": texts}));
+                assert_eq!(status, 200, "{id}, bucket {tokens} x {rows}: {response}");
+                assert_eq!(response["usage"]["prompt_tokens"], tokens * rows, "{id}: the bucket should be full");
+                let c = cosines(&common::vectors(&response), &reference);
+                println!("{id} {list:?}, bucket {tokens} x {rows}: min cosine to ONNX Runtime fp32 {:.7}", c[0]);
+                // A reduced precision is served at 0.9999 or better. (A CPU
+                // without f16 arithmetic runs the f16 hint in f32: 1.0000000.)
+                let floor = if precision == "f32" { 0.999999 } else { 0.9999 };
+                assert!(c[0] >= floor, "{id}, bucket {tokens} x {rows}: min cosine {}", c[0]);
+            }
+        }
+    }
+}
