@@ -147,7 +147,7 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
     x = layer_norm(x, "embeddings.LayerNorm")
 
     # Additive attention bias, 0 where attended, float32 min where masked (as
-    # transformers does), so a padded key never receives weight: [B, 1, 1, S]
+    # transformers does; -10000 for ncnn, below), so a padded key never receives weight: [B, 1, 1, S]
     # from a [B, S] mask, or [B, 1, S, S] from ncnn's packed [B, S, S] one.
     mask_f = "attention_mask" if ncnn_friendly else node("Cast", ["attention_mask"], to=TensorProto.FLOAT)
     if fusable and not ncnn_friendly:
@@ -157,7 +157,12 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
         inverted = node("Sub", [const("one_f", np.array(1.0, np.float32)), node("Cast", [unsqueezed], to=TensorProto.FLOAT)])
     else:
         inverted = node("Sub", [const("one_f", np.array(1.0, np.float32)), mask_f])
-    bias = node("Mul", [inverted, const("mask_min", np.array(np.finfo(np.float32).min, np.float32))])
+    # ncnn may compute in fp16, where float32 min is -inf and an attended
+    # position's 0 * -inf is NaN: its graph masks with -10000, which fp16
+    # holds and which still gives a masked key exactly 0 weight (exp(-10000)
+    # underflows in fp32 too).
+    masked = -10000.0 if ncnn_friendly else np.finfo(np.float32).min
+    bias = node("Mul", [inverted, const("mask_min", np.array(masked, np.float32))])
     if ncnn_friendly:
         bias = node("Unsqueeze", [bias, const("axes_1", np.array([1], np.int64))])
     elif not fusable:

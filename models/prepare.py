@@ -780,8 +780,9 @@ def ncnn_fuse_attention(param_text):
 
 
 # The ncnn graph contract: input_ids, position_ids and a [S, S] float mask, so
-# that sequences can be packed; a cached conversion of an older recipe is redone.
-NCNN_RECIPE = "packed-mask-sdpa"
+# that sequences can be packed, masked with -10000 so that fp16 arithmetic
+# holds it; a cached conversion of an older recipe is redone.
+NCNN_RECIPE = "packed-mask-sdpa-fp16-mask"
 
 
 def convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, fp16_weights, source):

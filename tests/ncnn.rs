@@ -37,6 +37,10 @@ fn ncnn_on_cpu_and_vulkan_by_name_matches_onnxruntime() {
         entry("ncnn-cpu", "cpu"),
         entry("ncnn-vulkan", "vulkan:llvmpipe"),
         entry_with("ncnn-vulkan-alone", "vulkan:llvmpipe", "pack_tokens = 1"),
+        // fp16 storage and arithmetic: the graph's mask (-10000) is one fp16
+        // holds; with float32's min it was -inf, and 0 * -inf gave NaN.
+        entry_with("ncnn-vulkan-fp16", "vulkan:llvmpipe", "precision = \"fp16\""),
+        entry_with("ncnn-cpu-fp16", "cpu", "precision = \"fp16\""),
         entry("by-index", "vulkan:0"),
         entry("absent", "vulkan:GeForce GTX 1080"),
     ]
@@ -46,16 +50,17 @@ fn ncnn_on_cpu_and_vulkan_by_name_matches_onnxruntime() {
     let (_, want) = server.post("/v1/embeddings", &json!({"model": "ort", "input": texts}));
     let want = common::vectors(&want);
     let mut by_id = std::collections::HashMap::new();
-    for id in ["ncnn-cpu", "ncnn-vulkan", "ncnn-vulkan-alone"] {
+    for id in ["ncnn-cpu", "ncnn-vulkan", "ncnn-vulkan-alone", "ncnn-vulkan-fp16", "ncnn-cpu-fp16"] {
         let (status, got) = server.post("/v1/embeddings", &json!({"model": id, "input": texts}));
         assert_eq!(status, 200, "{id}: {got}");
         let got = common::vectors(&got);
         let worst = got.iter().zip(&want).map(|(g, w)| cosine(g, &as_f64(w))).fold(1.0f64, f64::min);
         let health = server.model_health(id);
         println!(
-            "{id}: {} texts, min cosine to ONNX Runtime {worst:.8}; device {}, layers on the device {}",
+            "{id}: {} texts, min cosine to ONNX Runtime {worst:.8}; device {}, precision {}, layers on the device {}",
             texts.len(),
             health["device"],
+            health["precision"],
             health["accelerated_layers"]
         );
         assert!(worst >= 0.9999, "{id}: min cosine {worst}");
