@@ -114,8 +114,12 @@ impl Vocabulary for HfTokenizer {
         self.specials
     }
 
+    /// Without offsets: nothing here reads them, and tracking them costs a
+    /// fifth of the time (Python tokenizers 0.23, `encode_batch_fast` against
+    /// `encode_batch`, one thread, stdlib paragraphs: 2,924-3,104 texts/s
+    /// against 2,201-2,774).
     fn content(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        let encoding = self.inner.encode(text, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
+        let encoding = self.inner.encode_fast(text, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
     }
 

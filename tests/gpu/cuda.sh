@@ -66,6 +66,10 @@ one="\"$device\""; two="[\"$device\", \"$device\"]"
   model minilm-fp16 model.fp16.onnx fp16 "$two" ""
   model minilm-fp16-one model.fp16.onnx fp16 "$one" ""
   model minilm-fp16-x4 model.fp16.onnx fp16 "[\"$device\", \"$device\", \"$device\", \"$device\"]" ""
+  # The same four sessions in the server's own process: one CUDA context,
+  # whose streams the GPU can run side by side (contexts of separate
+  # processes take turns).
+  model minilm-fp16-x4-thread model.fp16.onnx fp16 "[\"$device\", \"$device\", \"$device\", \"$device\"]" 'isolation = "thread"'
   model minilm-churn model.fp16.onnx fp16 "$one" "keep_alive = 0"
 } > "$root/cuda.toml"
 cp "$root/cuda.toml" "$OUT/"
@@ -88,10 +92,16 @@ kill -TERM $server; wait $server
 echo "VRAM after eeane stopped: $(vram) MiB" | tee -a "$OUT/vram.txt"
 
 # Throughput: eeane bench's four phases and idle latency, per model.
-echo "== engine alone, full batches per bucket (token ids, no tokenization), one session"
-timeout 200 "$eeane" bench --config "$root/cuda.toml" --buckets --model minilm-fp16-one,minilm-fp32 2>&1 | grep -v -E "INFO|WARN" | tee "$OUT/bench.txt"
-for run in minilm-fp16:128:8 minilm-fp16-x4:128:16 minilm-fp16:32:8 minilm-fp32:128:8; do
-  IFS=: read -r m batch clients <<< "$run"
-  echo "== $m, $batch texts a request, $clients clients"
-  timeout 240 "$eeane" bench --config "$root/cuda.toml" --model $m --corpus "$root/texts.json" --texts "$texts_n" --batch $batch --clients $clients --parallel $((clients * 4)) 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model|^idle|^tokenizer|MiB|rror"
+# EEANE_CUDA_BUCKETS=1: the engine alone per bucket too (full batches of token
+# ids, one session; 2026-12-01's figures are in docs/performance.md).
+if [ -n "${EEANE_CUDA_BUCKETS:-}" ]; then
+  echo "== engine alone, full batches per bucket (token ids, no tokenization), one session"
+  timeout 200 "$eeane" bench --config "$root/cuda.toml" --buckets --model minilm-fp16-one,minilm-fp32 2>&1 | grep -v -E "INFO|WARN" | tee "$OUT/bench.txt"
+fi
+# model:texts per request:clients:requests of one text in flight
+runs=${EEANE_CUDA_RUNS:-minilm-fp16-x4:128:16:64 minilm-fp16-x4:128:32:256 minilm-fp16-x4-thread:128:32:256 minilm-fp32:128:16:64}
+for run in $runs; do
+  IFS=: read -r m batch clients parallel <<< "$run"
+  echo "== $m, $batch texts a request, $clients clients; one text a request, $parallel in flight"
+  timeout 240 "$eeane" bench --config "$root/cuda.toml" --model $m --corpus "$root/texts.json" --texts "$texts_n" --batch $batch --clients $clients --parallel $parallel 2>&1 | grep -v -E "INFO|WARN" | grep -E "^\||^\(|^model|^idle|^tokenizer|MiB|rror"
 done 2>&1 | tee -a "$OUT/bench.txt"

@@ -300,3 +300,28 @@ pub fn ordinal(gpu: &Gpu) -> Result<i32, EngineError> {
         Ok(ordinal)
     }
 }
+
+/// Makes a thread that waits for this GPU sleep rather than spin. CUDA's
+/// default, with fewer contexts than cores, is to spin: every session would
+/// then hold a core at 100% for as long as its batch runs on the GPU, and those
+/// cores are the ones tokenization and HTTP need to keep the GPU fed. Waking
+/// costs microseconds against the milliseconds a batch takes. Set on the
+/// primary context, which ONNX Runtime's CUDA provider uses, before it starts;
+/// a failure (an old driver) only leaves CUDA's default.
+pub fn block_while_waiting(device: i32) {
+    const CU_CTX_SCHED_BLOCKING_SYNC: c_uint = 0x04;
+    // SAFETY: the CUDA driver API's documented entry point, with its true
+    // signature (CUdevice is an int); the library stays loaded.
+    unsafe {
+        let Ok(library) = libloading::Library::new("libcuda.so.1") else { return };
+        let set_flags: Result<libloading::Symbol<unsafe extern "C" fn(c_int, c_uint) -> c_int>, _> =
+            library.get(b"cuDevicePrimaryCtxSetFlags_v2\0").or_else(|_| library.get(b"cuDevicePrimaryCtxSetFlags\0"));
+        let code = set_flags.map(|f| f(device, CU_CTX_SCHED_BLOCKING_SYNC));
+        std::mem::forget(library);
+        match code {
+            Ok(0) => {}
+            Ok(code) => tracing::warn!(device, code, "CUDA would not set blocking waits on this GPU; waiting threads spin"),
+            Err(e) => tracing::warn!(device, "CUDA has no cuDevicePrimaryCtxSetFlags ({e}); waiting threads spin"),
+        }
+    }
+}

@@ -163,6 +163,7 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
             cuda::preload(library)?;
             let gpu = cuda::pick(device, &spec.forbidden_devices)?;
             let ordinal = cuda::ordinal(&gpu)?;
+            cuda::block_while_waiting(ordinal);
             Some((gpu, ordinal))
         }
         device => return Err(EngineError::Device(format!("device {device:?}: the ONNX Runtime engine runs on \"cpu\" or \"cuda:<GPU name>\""))),
@@ -186,7 +187,15 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         // silently, when the CUDA provider cannot start.
         // TF32 off: an fp32 graph computes in fp32, as its reference does; fp16
         // is the fast variant, checked against it.
-        let provider = ort::ep::CUDA::default().with_device_id(*ordinal).with_tf32(false).build().error_on_failure();
+        // The arena grows by what a run asks for, not to the next power of
+        // two: every shape is run at load, and doubling left each session
+        // holding about three times the memory its largest shape needs.
+        let provider = ort::ep::CUDA::default()
+            .with_device_id(*ordinal)
+            .with_tf32(false)
+            .with_arena_extend_strategy(ort::ep::ArenaExtendStrategy::SameAsRequested)
+            .build()
+            .error_on_failure();
         builder = builder
             .with_execution_providers([provider])
             .map_err(|e| EngineError::Device(format!("the CUDA execution provider cannot start on device {ordinal}: {e}")))?;
