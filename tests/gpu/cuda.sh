@@ -70,6 +70,7 @@ one="\"$device\""; two="[\"$device\", \"$device\"]"
   # whose streams the GPU can run side by side (contexts of separate
   # processes take turns).
   model minilm-fp16-x4-thread model.fp16.onnx fp16 "[\"$device\", \"$device\", \"$device\", \"$device\"]" 'isolation = "thread"'
+  model minilm-fp16-x8-thread model.fp16.onnx fp16 "[$(printf '"%s", ' $device $device $device $device $device $device $device $device | sed 's/, $//')]" 'isolation = "thread"'
   model minilm-churn model.fp16.onnx fp16 "$one" "keep_alive = 0"
 } > "$root/cuda.toml"
 cp "$root/cuda.toml" "$OUT/"
@@ -84,7 +85,7 @@ echo "VRAM at rest, no eeane: $(vram) MiB" | tee "$OUT/vram.txt"
 server=$!
 for _ in $(seq 60); do curl -sf localhost:7997/health -o /dev/null && break; sleep 1; done
 echo "VRAM eeane up, nothing loaded: $(vram) MiB" | tee -a "$OUT/vram.txt"
-$py tests/gpu/cuda_fidelity.py http://127.0.0.1:7997 "$root/texts.json" "$root/run.reference.npy" minilm-churn 10 minilm-fp32 minilm-fp16 minilm-fp16-one > "$OUT/fidelity.json" 2> /tmp/fidelity.err
+$py tests/gpu/cuda_fidelity.py http://127.0.0.1:7997 "$root/texts.json" "$root/run.reference.npy" minilm-churn 6 minilm-fp32 minilm-fp16 minilm-fp16-one > "$OUT/fidelity.json" 2> /tmp/fidelity.err
 echo "fidelity exit $?"; cat "$OUT/fidelity.json" | head -60; tail -5 /tmp/fidelity.err
 echo "VRAM fp32 x2, fp16 x2, fp16 x1 loaded: $(vram) MiB" | tee -a "$OUT/vram.txt"
 curl -s localhost:7997/health | $py -c 'import json,sys; h=json.load(sys.stdin); [print(m["id"], m["state"], m.get("device"), m.get("precision"), m.get("runtime_version"), m.get("engine_calls",{}).get("per_device"), m.get("error","")) for m in h["models"]]' | tee -a "$OUT/vram.txt"
@@ -99,7 +100,7 @@ if [ -n "${EEANE_CUDA_BUCKETS:-}" ]; then
   timeout 200 "$eeane" bench --config "$root/cuda.toml" --buckets --model minilm-fp16-one,minilm-fp32 2>&1 | grep -v -E "INFO|WARN" | tee "$OUT/bench.txt"
 fi
 # model:texts per request:clients:requests of one text in flight
-runs=${EEANE_CUDA_RUNS:-minilm-fp16-x4:128:16:64 minilm-fp16-x4:128:32:256 minilm-fp16-x4-thread:128:32:256 minilm-fp32:128:16:64}
+runs=${EEANE_CUDA_RUNS:-minilm-fp16-x4:128:16:64 minilm-fp16-x4-thread:128:32:256 minilm-fp16-x8-thread:128:32:256 minilm-fp32:128:16:64}
 for run in $runs; do
   IFS=: read -r m batch clients parallel <<< "$run"
   echo "== $m, $batch texts a request, $clients clients; one text a request, $parallel in flight"
