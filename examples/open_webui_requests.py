@@ -1,8 +1,10 @@
 """Replays the two requests Open WebUI makes with examples/open-webui.env:
-a batch of document chunks to {RAG_OPENAI_API_BASE_URL}/embeddings, and the
-external reranker's POST to RAG_EXTERNAL_RERANKER_URL (model, query,
-documents, top_n = the number of documents), both with the key as a bearer
-token, as Open WebUI's retrieval code sends them (requests.post with a JSON body).
+a batch of document chunks to {RAG_OPENAI_API_BASE_URL}/embeddings (or, with
+RAG_EMBEDDING_ENGINE=ollama, to {RAG_OLLAMA_BASE_URL}/api/embed with
+truncate: true, as its Ollama engine does), and the external reranker's POST
+to RAG_EXTERNAL_RERANKER_URL (model, query, documents, top_n = the number of
+documents), each with its key as a bearer token, as Open WebUI's retrieval
+code sends them (requests.post with a JSON body).
 
     python examples/open_webui_requests.py [--env examples/open-webui.env] "query" "chunk one" "chunk two" ...
 
@@ -35,11 +37,19 @@ def main():
     args = parser.parse_args()
     s = settings(args.env)
 
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {s['RAG_OPENAI_API_KEY']}"}
-    r = requests.post(f"{s['RAG_OPENAI_API_BASE_URL']}/embeddings", headers=headers,
-                      json={"input": args.chunks, "model": s["RAG_EMBEDDING_MODEL"]}, timeout=60)
-    r.raise_for_status()
-    embeddings = [d["embedding"] for d in sorted(r.json()["data"], key=lambda d: d["index"])]
+    if s.get("RAG_EMBEDDING_ENGINE") == "ollama":
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {s['RAG_OLLAMA_API_KEY']}"}
+        r = requests.post(f"{s['RAG_OLLAMA_BASE_URL']}/api/embed", headers=headers,
+                          json={"input": args.chunks, "model": s["RAG_EMBEDDING_MODEL"], "truncate": True}, timeout=60)
+        if r.status_code != 200:
+            raise SystemExit(f"Ollama embed error ({r.status_code}): {r.json().get('error', r.text)}")
+        embeddings = r.json()["embeddings"]
+    else:
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {s['RAG_OPENAI_API_KEY']}"}
+        r = requests.post(f"{s['RAG_OPENAI_API_BASE_URL']}/embeddings", headers=headers,
+                          json={"input": args.chunks, "model": s["RAG_EMBEDDING_MODEL"]}, timeout=60)
+        r.raise_for_status()
+        embeddings = [d["embedding"] for d in sorted(r.json()["data"], key=lambda d: d["index"])]
 
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {s['RAG_EXTERNAL_RERANKER_API_KEY']}"}
     r = requests.post(s["RAG_EXTERNAL_RERANKER_URL"], headers=headers,

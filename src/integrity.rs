@@ -73,6 +73,12 @@ pub fn verify(paths: &[PathBuf]) -> Result<(), IntegrityError> {
     Ok(())
 }
 
+/// The sha256 the manifest beside `path` records for it, if one does.
+pub fn recorded_digest(path: &Path) -> Option<String> {
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(path.parent()?.join("manifest.json")).ok()?).ok()?;
+    manifest["files"][path.file_name()?.to_str()?].as_str().map(str::to_string)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,6 +92,7 @@ mod tests {
         let manifest = serde_json::json!({"files": {"model.onnx": format!("{:x}", Sha256::digest(b"weights"))}});
         std::fs::write(dir.path().join("manifest.json"), manifest.to_string()).unwrap();
         assert!(verify(std::slice::from_ref(&model)).is_ok());
+        assert_eq!(recorded_digest(&model), Some(format!("{:x}", Sha256::digest(b"weights"))));
         std::fs::write(&model, b"weighs").unwrap();
         let e = verify(std::slice::from_ref(&model)).unwrap_err();
         assert!(matches!(e, IntegrityError::Mismatch { .. }) && e.to_string().contains("does not match its manifest"), "{e}");

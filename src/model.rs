@@ -24,6 +24,9 @@ pub struct Inference {
     pub output: Output,
     /// Tokens the model processed, special tokens included.
     pub tokens: usize,
+    /// The longest input's whole length in tokens, special tokens included,
+    /// before truncation or windows (0 for pairs).
+    pub longest_input: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +152,15 @@ impl LoadedModel {
         self.tokenizer.vocab_size()
     }
 
+    /// Runs `work` with the model's tokenizer, off the async workers.
+    pub async fn with_tokenizer<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&TextTokenizer) -> Result<T, crate::tokenize::TokenizeError> + Send + 'static,
+    ) -> Result<T, ModelError> {
+        let tokenizer = self.tokenizer.clone();
+        Ok(blocking(&self.config.id, "tokenizer", move || work(&tokenizer)).await??)
+    }
+
     /// Runs `inputs`: an embedding model's vectors, or a reranker's scores;
     /// `deadline` bounds the wait before inference starts. An input split
     /// into windows gets the mean of its windows' vectors, renormalized when
@@ -157,7 +169,7 @@ impl LoadedModel {
         let tokenizer = self.tokenizer.clone();
         // Tokenizing thousands of texts takes milliseconds: keep it off the async workers.
         let started = Instant::now();
-        let groups: Vec<Vec<Encoded>> = blocking(&self.config.id, "tokenizer", move || tokenizer.encode(&inputs)).await??;
+        let (groups, longest_input): (Vec<Vec<Encoded>>, usize) = blocking(&self.config.id, "tokenizer", move || tokenizer.encode_measured(&inputs)).await??;
         let tokenized = started.elapsed();
         let counts: Vec<usize> = groups.iter().map(Vec::len).collect();
         let seqs: Vec<Encoded> = groups.into_iter().flatten().collect();
@@ -178,7 +190,7 @@ impl LoadedModel {
                     .collect(),
             ),
         };
-        Ok(Inference { output, tokens })
+        Ok(Inference { output, tokens, longest_input })
     }
 }
 

@@ -104,20 +104,31 @@ fn langchain_openai_embeddings_with_text_and_its_token_id_default_refused_by_nam
     assert!(body["error"]["message"].as_str().unwrap().contains("check_embedding_ctx_length=False"), "{body}");
 }
 
-#[test]
-fn open_webui_settings_embed_and_rerank() {
-    let server = server();
-    let query = "how do I greet someone in Python?";
+/// Open WebUI's requests (examples/open_webui_requests.py) with its settings
+/// pointed at `server`, `engine` its embedding engine; the embeddings must be
+/// /v1/embeddings' own.
+fn replay_open_webui(server: &Server, query: &str, engine: &str) -> Value {
     let got = run(Command::new(python())
         .arg(example("open_webui_requests.py"))
         .arg(query)
         .args(TEXTS)
+        .env("RAG_EMBEDDING_ENGINE", engine)
         .env("RAG_OPENAI_API_BASE_URL", format!("{}/v1", server.url))
+        .env("RAG_OLLAMA_BASE_URL", &server.url)
         .env("RAG_EXTERNAL_RERANKER_URL", format!("{}/v1/rerank", server.url))
         .env("RAG_OPENAI_API_KEY", KEY)
+        .env("RAG_OLLAMA_API_KEY", KEY)
         .env("RAG_EXTERNAL_RERANKER_API_KEY", KEY));
     let embeddings: Vec<Vec<f32>> = serde_json::from_value(got["embeddings"].clone()).unwrap();
-    assert_eq!(embeddings, vectors(&authed(&server, "/v1/embeddings", json!({"input": TEXTS}))));
+    assert_eq!(embeddings, vectors(&authed(server, "/v1/embeddings", json!({"input": TEXTS}))), "engine {engine}");
+    got
+}
+
+#[test]
+fn open_webui_settings_embed_and_rerank() {
+    let server = server();
+    let query = "how do I greet someone in Python?";
+    let got = replay_open_webui(&server, query, "openai");
     let reranked = authed(&server, "/v1/rerank", json!({"query": query, "documents": TEXTS, "model": "minilm-reranker"}));
     let mut scores = vec![0.0; TEXTS.len()];
     for r in reranked["results"].as_array().unwrap() {
@@ -148,4 +159,42 @@ fn infinity_client_reranks() {
         .collect();
     assert_eq!(got["results"], json!(want));
     assert_eq!(want.len(), 2);
+}
+
+#[test]
+fn tei_clients_inference_client_and_langchain_get_the_openai_routes_vectors() {
+    let server = server();
+    let direct = vectors(&authed(&server, "/v1/embeddings", json!({"input": TEXTS})));
+    let got = run(Command::new(python()).arg(example("tei_clients.py")).arg("--url").arg(&server.url).args(TEXTS).env("HF_TOKEN", KEY));
+    let inference_client: Vec<Vec<f32>> = serde_json::from_value(got["inference_client"].clone()).unwrap();
+    assert_eq!(inference_client, direct, "InferenceClient(base_url).feature_extraction posts to /");
+    // LangChain sends each document with its newlines as spaces.
+    let flattened: Vec<String> = TEXTS.iter().map(|t| t.replace('\n', " ")).collect();
+    let direct_flat = vectors(&authed(&server, "/v1/embeddings", json!({"input": flattened})));
+    let documents: Vec<Vec<f32>> = serde_json::from_value(got["langchain_documents"].clone()).unwrap();
+    assert_eq!(documents, direct_flat);
+    let query: Vec<f32> = serde_json::from_value(got["langchain_query"].clone()).unwrap();
+    let flat_query = vectors(&authed(&server, "/v1/embeddings", json!({"input": [flattened[0].clone()]})));
+    assert_eq!(query, flat_query[0], "embed_query sends one text, newlines as spaces");
+}
+
+#[test]
+fn ollama_client_embed_embeddings_and_list() {
+    let server = server();
+    let direct = vectors(&authed(&server, "/v1/embeddings", json!({"input": TEXTS})));
+    let got = run(Command::new(python()).arg(example("ollama_client.py")).arg("--host").arg(&server.url).args(TEXTS).env("OLLAMA_API_KEY", KEY));
+    let embed: Vec<Vec<f32>> = serde_json::from_value(got["embed"].clone()).unwrap();
+    assert_eq!(embed, direct, "ollama.embed with the :latest tag");
+    let older: Vec<Vec<f32>> = serde_json::from_value(got["embeddings"].clone()).unwrap();
+    let one_at_a_time: Vec<Vec<f32>> = TEXTS.iter().flat_map(|t| vectors(&authed(&server, "/v1/embeddings", json!({"input": t})))).collect();
+    assert_eq!(older, one_at_a_time, "ollama.embeddings, one prompt a call");
+    assert_eq!(got["models"], json!(["all-minilm-l6-v2:latest", "minilm-reranker:latest"]));
+    let usage = authed(&server, "/v1/embeddings", json!({"input": TEXTS}))["usage"]["prompt_tokens"].clone();
+    assert_eq!(got["prompt_eval_count"], usage);
+}
+
+#[test]
+fn open_webui_ollama_engine_request() {
+    let server = server();
+    replay_open_webui(&server, "how do I greet someone in Python?", "ollama");
 }

@@ -20,6 +20,18 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/metrics"),
     ("post", "/admin/reload"),
     ("get", "/openapi.json"),
+    // Text Embeddings Inference's
+    ("post", "/"),
+    ("post", "/embed"),
+    ("post", "/tokenize"),
+    ("post", "/decode"),
+    ("get", "/info"),
+    // Ollama's
+    ("post", "/api/embed"),
+    ("post", "/api/embeddings"),
+    ("get", "/api/tags"),
+    ("get", "/api/ps"),
+    ("get", "/api/version"),
 ];
 
 #[test]
@@ -46,6 +58,16 @@ fn the_document_is_openapi_3_and_lists_every_route() {
         "Reloaded",
         "Health",
         "ModelHealth",
+        "TeiEmbedRequest",
+        "TeiRerankRequest",
+        "TeiErrorResponse",
+        "Rank",
+        "Token",
+        "Info",
+        "OllamaEmbedRequest",
+        "OllamaEmbedResponse",
+        "OllamaModels",
+        "OllamaErrorResponse",
     ] {
         assert!(doc["components"]["schemas"].get(schema).is_some(), "{schema} missing");
     }
@@ -55,7 +77,7 @@ fn the_document_is_openapi_3_and_lists_every_route() {
         let url = format!("{}{path}", server.url);
         let response = match *method {
             "get" => client.get(&url).send().unwrap(),
-            _ => client.post(&url).body(json!({"input": "x", "query": "q", "documents": ["d"]}).to_string()).send().unwrap(),
+            _ => client.post(&url).body(json!({"input": "x", "inputs": "x", "model": "m", "query": "q", "documents": ["d"]}).to_string()).send().unwrap(),
         };
         let status = response.status().as_u16();
         assert!(status != 404 && status != 405, "{method} {path}: {status}");

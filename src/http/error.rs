@@ -1,5 +1,7 @@
-//! Every error the API returns, and its one mapping to HTTP:
-//! `{"error": {"message", "type", "param", "code"}}`.
+//! Every error the API returns, and its one mapping to HTTP. OpenAI's routes
+//! answer `{"error": {"message", "type", "param", "code"}}`; TEI's and
+//! Ollama's answer in their own shapes and statuses (`Dialect`), mapped here
+//! from the same error.
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -19,6 +21,35 @@ pub struct ApiError {
     pub retry_after: Option<u32>,
     /// The model the request was for, once known (per-model metrics and the log line).
     pub model: Option<String>,
+    /// Whose error shape the response takes.
+    pub dialect: Dialect,
+}
+
+/// The API whose error shape and statuses a route answers with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Dialect {
+    /// `{"error": {"message", "type", "param", "code"}}` (and Infinity's rerank).
+    #[default]
+    OpenAi,
+    /// Text Embeddings Inference: `{"error", "error_type"}` with 413 for a
+    /// request it refuses, 422 for tokenization, 424 for the model, 429 when
+    /// overloaded.
+    Tei,
+    /// Ollama: `{"error"}`, 400 for a request it refuses, 404 for a model it
+    /// does not have.
+    Ollama,
+}
+
+impl Dialect {
+    /// The dialect of a route that has no handler to choose it (a 401, 404 or
+    /// 405 answered before one runs).
+    pub fn of_path(path: &str) -> Self {
+        match path {
+            "/" | "/embed" | "/tokenize" | "/decode" | "/info" => Dialect::Tei,
+            p if p.starts_with("/api/") => Dialect::Ollama,
+            _ => Dialect::OpenAi,
+        }
+    }
 }
 
 impl ApiError {
@@ -28,7 +59,39 @@ impl ApiError {
     }
 
     fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, kind, code, message: message.into(), param: None, retry_after: None, model: None }
+        Self { status, kind, code, message: message.into(), param: None, retry_after: None, model: None, dialect: Dialect::OpenAi }
+    }
+
+    /// The same error, in another API's shape.
+    pub fn in_dialect(mut self, dialect: Dialect) -> Self {
+        self.dialect = dialect;
+        self
+    }
+
+    /// TEI's status and `error_type`: TEI answers every request it refuses
+    /// with 413 (its "validation"), tokenizer failures with 422 and model
+    /// failures with 424.
+    fn tei_status(&self) -> (StatusCode, &'static str) {
+        use StatusCode as S;
+        match (self.status, self.code) {
+            (_, "tokenization_failed" | "token_id_out_of_vocabulary" | "query_too_long") => (S::UNPROCESSABLE_ENTITY, "tokenizer"),
+            // axum's Json extractor, which TEI uses, answers a body that is not JSON with 4xx, not 413.
+            (_, "invalid_json") => (S::UNPROCESSABLE_ENTITY, "validation"),
+            (S::BAD_REQUEST | S::PAYLOAD_TOO_LARGE, _) => (S::PAYLOAD_TOO_LARGE, "validation"),
+            (S::UNPROCESSABLE_ENTITY, _) => (S::UNPROCESSABLE_ENTITY, "validation"),
+            (S::TOO_MANY_REQUESTS, _) | (_, "queue_timeout" | "no_room") => (S::TOO_MANY_REQUESTS, "overloaded"),
+            (S::SERVICE_UNAVAILABLE, _) => (S::SERVICE_UNAVAILABLE, "unhealthy"),
+            (status, _) if status.is_server_error() => (S::FAILED_DEPENDENCY, "backend"),
+            (status, _) => (status, "validation"),
+        }
+    }
+
+    /// Ollama's status: 400 for anything it would refuse as a bad request.
+    fn ollama_status(&self) -> StatusCode {
+        match self.status {
+            StatusCode::UNPROCESSABLE_ENTITY | StatusCode::PAYLOAD_TOO_LARGE => StatusCode::BAD_REQUEST,
+            status => status,
+        }
     }
 
     pub fn with_retry_after(mut self, seconds: u64) -> Self {
@@ -113,10 +176,33 @@ pub struct ErrorObject {
     pub code: String,
 }
 
+/// TEI's error body.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct TeiErrorResponse {
+    pub error: String,
+    /// validation, tokenizer, backend, overloaded or unhealthy.
+    pub error_type: String,
+}
+
+/// Ollama's error body.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct OllamaErrorResponse {
+    pub error: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorResponse { error: ErrorObject { message: self.message, kind: self.kind.into(), param: self.param, code: self.code.into() } };
-        let mut response = (self.status, Json(body)).into_response();
+        let mut response = match self.dialect {
+            Dialect::OpenAi => {
+                let body = ErrorResponse { error: ErrorObject { message: self.message, kind: self.kind.into(), param: self.param, code: self.code.into() } };
+                (self.status, Json(body)).into_response()
+            }
+            Dialect::Tei => {
+                let (status, error_type) = self.tei_status();
+                (status, Json(TeiErrorResponse { error: self.message, error_type: error_type.into() })).into_response()
+            }
+            Dialect::Ollama => (self.ollama_status(), Json(OllamaErrorResponse { error: self.message })).into_response(),
+        };
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         }
@@ -146,6 +232,7 @@ impl From<RequestError> for ApiError {
             Fault::PromptWithTokenIds => (S::BAD_REQUEST, "invalid_request_error", "prompt_with_token_ids", None),
             Fault::TokenIdsNotAccepted => (S::BAD_REQUEST, "invalid_request_error", "token_ids_not_accepted", None),
             Fault::InvalidDimensions => (S::BAD_REQUEST, "invalid_request_error", "invalid_dimensions", None),
+            Fault::InputTooLong => (S::PAYLOAD_TOO_LARGE, "invalid_request_error", "input_too_long", None),
             Fault::Overloaded => (S::TOO_MANY_REQUESTS, "rate_limit_error", "too_many_pending_requests", Some(1)),
             Fault::OutOfVocabulary => (S::UNPROCESSABLE_ENTITY, "invalid_request_error", "token_id_out_of_vocabulary", None),
             Fault::Tokenization => (S::BAD_REQUEST, "invalid_request_error", "tokenization_failed", None),

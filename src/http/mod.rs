@@ -6,9 +6,11 @@ pub mod connections;
 pub mod error;
 mod health;
 mod metrics;
+pub mod ollama;
 pub mod openai;
 pub mod openapi;
 pub mod rerank;
+pub mod tei;
 
 use std::sync::Arc;
 
@@ -23,7 +25,7 @@ use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, 
 use tower_http::trace::TraceLayer;
 
 use crate::serving::Service;
-use error::ApiError;
+use error::{ApiError, Dialect};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -47,8 +49,20 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/docs", get(openapi::docs))
         .route("/admin/reload", post(admin::reload))
-        .fallback(|uri: axum::http::Uri| async move { ApiError::route_not_found(uri.path()) })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        // Text Embeddings Inference's routes (/rerank takes its body too).
+        .route("/", post(tei::root))
+        .route("/embed", post(tei::embed))
+        .route("/tokenize", post(tei::tokenize))
+        .route("/decode", post(tei::decode))
+        .route("/info", get(tei::info))
+        // Ollama's embedding routes.
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
+        .fallback(|uri: axum::http::Uri| async move { ApiError::route_not_found(uri.path()).in_dialect(Dialect::of_path(uri.path())) })
+        .method_not_allowed_fallback(|uri: axum::http::Uri| async move { ApiError::method_not_allowed().in_dialect(Dialect::of_path(uri.path())) })
         // On matched routes only: an unknown path is a 404 and a wrong method a
         // 405 with or without the key (they reveal nothing the document does not).
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
@@ -86,7 +100,7 @@ async fn require_api_key(State(app): State<AppState>, request: Request, next: Ne
     if bool::from(presented.as_bytes().ct_eq(key.as_bytes())) {
         next.run(request).await
     } else {
-        let refused = ApiError::unauthorized();
+        let refused = ApiError::unauthorized().in_dialect(Dialect::of_path(request.uri().path()));
         match requested_model(request).await {
             Some(model) => refused.with_model(&model).into_response(),
             None => refused.into_response(),

@@ -140,6 +140,23 @@ const INPUT_SHAPES: &str = "input must be a string, an array of strings, an arra
 
 /// Turns the `input` value into texts or token-id lists, rejecting empty and mixed inputs.
 pub fn parse_input(input: Option<Value>, max_inputs: usize) -> Result<Inputs, ApiError> {
+    parse_input_field(input, max_inputs, "input")
+}
+
+/// As `parse_input`, for a field of another name (TEI's `inputs`).
+pub fn parse_input_field(input: Option<Value>, max_inputs: usize, field: &str) -> Result<Inputs, ApiError> {
+    parse_input_as(input, max_inputs).map_err(|mut e| {
+        if field != "input" {
+            e.param = e.param.map(|p| p.replacen("input", field, 1));
+            if e.message.starts_with("input") {
+                e.message = e.message.replacen("input", field, 1);
+            }
+        }
+        e
+    })
+}
+
+fn parse_input_as(input: Option<Value>, max_inputs: usize) -> Result<Inputs, ApiError> {
     let empty = |param: String| {
         ApiError::invalid_request("empty_input", format!("{param} is empty; every input needs at least one character or token")).with_param(param)
     };
@@ -246,7 +263,14 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
     let ParsedEmbeddings { request, inputs, keep_alive, flat_ids } = parse_embeddings(&read_body(body)?, max_inputs)?;
     let embedded = app
         .service
-        .embed(EmbedRequest { model: request.model, inputs, prompt_name: request.prompt_name, dimensions: request.dimensions, keep_alive })
+        .embed(EmbedRequest {
+            model: request.model,
+            inputs,
+            prompt_name: request.prompt_name,
+            dimensions: request.dimensions,
+            keep_alive,
+            long_inputs: Default::default(),
+        })
         .await
         .map_err(|e| {
             let mut error = ApiError::from(e);
@@ -256,7 +280,7 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
             }
             error
         })?;
-    let Embedded { model, vectors, tokens } = embedded;
+    let Embedded { model, vectors, tokens, .. } = embedded;
     let format = request.encoding_format.unwrap_or_default();
     let data: Vec<EmbeddingData> = vectors
         .into_iter()

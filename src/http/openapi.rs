@@ -6,13 +6,18 @@ use axum::Json;
 use utoipa::openapi::OpenApi as Document;
 use utoipa::OpenApi;
 
-use super::{admin, error, health, metrics, openai, rerank};
+use super::{admin, error, health, metrics, ollama, openai, rerank, tei};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "eeane", description = "Text-embedding and rerank models, each on its own engine, behind one HTTP API."),
-    paths(openai::embeddings, openai::models, rerank::rerank, health::health, metrics::metrics, admin::reload, openapi_json),
-    components(schemas(error::ErrorResponse, error::ErrorObject, openai::EncodingFormat, openai::EmbeddingValue, openai::EmbeddingData, openai::Usage))
+    paths(openai::embeddings, openai::models, rerank::rerank, health::health, metrics::metrics, admin::reload, openapi_json,
+        tei::root, tei::embed, tei::tokenize, tei::decode, tei::info,
+        ollama::embed, ollama::embeddings, ollama::tags, ollama::ps, ollama::version),
+    components(schemas(error::ErrorResponse, error::ErrorObject, error::TeiErrorResponse, error::OllamaErrorResponse, openai::EncodingFormat,
+        openai::EmbeddingValue, openai::EmbeddingData, openai::Usage, tei::TruncationDirection, tei::Rank, crate::serving::Token)),
+    tags((name = "embeddings", description = "OpenAI's embeddings"), (name = "rerank", description = "Infinity/Cohere rerank, and TEI's"),
+        (name = "tei", description = "Text Embeddings Inference's routes"), (name = "ollama", description = "Ollama's embedding routes"))
 )]
 struct ApiDoc;
 

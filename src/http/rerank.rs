@@ -71,30 +71,42 @@ pub struct RerankResponse {
     created: u64,
 }
 
-fn documents(values: Option<Vec<Value>>, max: usize) -> Result<Vec<String>, ApiError> {
-    let values = values.ok_or_else(|| ApiError::invalid_request("missing_documents", "documents is required").with_param("documents"))?;
+/// The documents of `field` (Infinity's `documents`, TEI's `texts`): strings,
+/// or Cohere's `{"text": ...}` objects.
+pub fn documents(values: Option<Vec<Value>>, max: usize, field: &str) -> Result<Vec<String>, ApiError> {
+    let values = values.ok_or_else(|| ApiError::invalid_request("missing_documents", format!("{field} is required")).with_param(field))?;
     if values.is_empty() {
-        return Err(ApiError::invalid_request("empty_documents", "documents is an empty list").with_param("documents"));
+        return Err(ApiError::invalid_request("empty_documents", format!("{field} is an empty list")).with_param(field));
     }
     if values.len() > max {
-        return Err(ApiError::too_large("too_many_documents", format!("{} documents; at most {max} per request (server.max_inputs)", values.len()))
-            .with_param("documents"));
+        return Err(
+            ApiError::too_large("too_many_documents", format!("{} {field}; at most {max} per request (server.max_inputs)", values.len())).with_param(field)
+        );
     }
     values
         .into_iter()
         .enumerate()
         .map(|(i, v)| match v {
             Value::String(s) if !s.is_empty() => Ok(s),
-            Value::Object(mut o) => match o.remove("text") {
-                Some(Value::String(s)) if !s.is_empty() => Ok(s),
-                _ => Err(ApiError::invalid_request("empty_document", format!("documents[{i}].text must be a non-empty string"))
-                    .with_param(format!("documents[{i}]"))),
-            },
-            Value::String(_) => Err(ApiError::invalid_request("empty_document", format!("documents[{i}] is empty")).with_param(format!("documents[{i}]"))),
-            _ => Err(ApiError::unprocessable("invalid_type", format!("documents[{i}] must be a string or an object with a text field"))
-                .with_param(format!("documents[{i}]"))),
+            Value::Object(mut o) => {
+                match o.remove("text") {
+                    Some(Value::String(s)) if !s.is_empty() => Ok(s),
+                    _ => Err(ApiError::invalid_request("empty_document", format!("{field}[{i}].text must be a non-empty string"))
+                        .with_param(format!("{field}[{i}]"))),
+                }
+            }
+            Value::String(_) => Err(ApiError::invalid_request("empty_document", format!("{field}[{i}] is empty")).with_param(format!("{field}[{i}]"))),
+            _ => Err(ApiError::unprocessable("invalid_type", format!("{field}[{i}] must be a string or an object with a text field"))
+                .with_param(format!("{field}[{i}]"))),
         })
         .collect()
+}
+
+/// Indices of `scores`, best first; ties keep the documents' order.
+pub fn best_first(scores: &[f64]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    order
 }
 
 /// A rerank request checked as far as it can be without a model (the fuzz
@@ -115,7 +127,7 @@ pub fn parse_rerank(body: &[u8], max_inputs: usize) -> Result<ParsedRerank, ApiE
         Some(_) => return Err(ApiError::invalid_request("empty_query", "query is empty").with_param("query")),
         None => return Err(ApiError::invalid_request("missing_query", "query is required").with_param("query")),
     };
-    let docs = documents(request.documents.take(), max_inputs)?;
+    let docs = documents(request.documents.take(), max_inputs, "documents")?;
     let top_n = match request.top_n {
         None => docs.len(),
         Some(n) if n >= 1 => (n as usize).min(docs.len()),
@@ -125,20 +137,43 @@ pub fn parse_rerank(body: &[u8], max_inputs: usize) -> Result<ParsedRerank, ApiE
     Ok(ParsedRerank { request, query, docs, top_n, keep_alive })
 }
 
-/// Infinity/Cohere rerank: the documents' relevance to the query, best first.
-#[utoipa::path(post, path = "/v1/rerank", tag = "rerank", request_body = RerankRequest,
-    responses((status = 200, body = RerankResponse), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
-pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
+/// Either body `/rerank` takes: the keys decide (`texts` without
+/// `documents` is TEI's).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum RerankBody {
+    Infinity(RerankRequest),
+    Tei(super::tei::TeiRerankRequest),
+}
+
+/// Either answer: Infinity's for its body, TEI's list of ranks for TEI's.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum RerankAnswer {
+    Infinity(RerankResponse),
+    Tei(Vec<super::tei::Rank>),
+}
+
+/// Infinity/Cohere rerank (`query` and `documents`): the documents'
+/// relevance to the query, best first. A body with TEI's `texts` instead is
+/// answered in TEI's shape, errors included.
+#[utoipa::path(post, path = "/v1/rerank", tag = "rerank", request_body = RerankBody,
+    responses((status = 200, body = RerankAnswer), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
+pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<axum::response::Response, ApiError> {
+    let body = read_body(body)?;
+    if super::tei::is_tei_rerank(&body) {
+        return super::tei::rerank_body(&app, &body).await;
+    }
     let max_inputs = app.service.live().config.server.max_inputs;
-    let ParsedRerank { request, query, docs, top_n, keep_alive } = parse_rerank(&read_body(body)?, max_inputs)?;
+    let ParsedRerank { request, query, docs, top_n, keep_alive } = parse_rerank(&body, max_inputs)?;
     // The documents move into the request; a copy is kept only to return them.
     let count = docs.len();
     let returned = request.return_documents.then(|| docs.clone());
     let ranked = app.service.rerank(ServeRerank { model: request.model, query, documents: docs, raw_scores: request.raw_scores, keep_alive }).await?;
     let Ranked { model, scores, tokens } = ranked;
-    let mut order: Vec<usize> = (0..scores.len()).collect();
-    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-    let results = order
+    let results = best_first(&scores)
         .into_iter()
         .take(top_n)
         .map(|index| RerankResult { index, relevance_score: scores[index], document: returned.as_ref().map(|d| d[index].clone()) })
@@ -152,7 +187,7 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
         id: format!("rerank-{:032x}", rand::rng().random::<u128>()),
         created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
-    Ok((axum::Extension(summary), Json(response)))
+    Ok((axum::Extension(summary), Json(response)).into_response())
 }
 
 #[cfg(test)]
@@ -161,11 +196,12 @@ mod tests {
 
     #[test]
     fn documents_take_strings_and_cohere_objects_and_refuse_the_rest() {
-        let got = documents(Some(vec![Value::from("a"), serde_json::json!({"text": "b"})]), 10).unwrap();
+        let got = documents(Some(vec![Value::from("a"), serde_json::json!({"text": "b"})]), 10, "documents").unwrap();
         assert_eq!(got, ["a", "b"]);
-        assert_eq!(documents(Some(vec![]), 10).unwrap_err().code, "empty_documents");
-        assert_eq!(documents(None, 10).unwrap_err().code, "missing_documents");
-        assert_eq!(documents(Some(vec![Value::from("a"); 3]), 2).unwrap_err().code, "too_many_documents");
-        assert_eq!(documents(Some(vec![Value::from(1)]), 2).unwrap_err().param.as_deref(), Some("documents[0]"));
+        assert_eq!(documents(Some(vec![]), 10, "documents").unwrap_err().code, "empty_documents");
+        assert_eq!(documents(None, 10, "documents").unwrap_err().code, "missing_documents");
+        assert_eq!(documents(Some(vec![Value::from("a"); 3]), 2, "documents").unwrap_err().code, "too_many_documents");
+        assert_eq!(documents(Some(vec![Value::from(1)]), 2, "texts").unwrap_err().param.as_deref(), Some("texts[0]"));
+        assert_eq!(best_first(&[0.1, 0.9, 0.1, 0.5]), [1, 3, 0, 2]);
     }
 }

@@ -6,7 +6,7 @@ mod coalesce;
 mod requests;
 mod status;
 
-pub use requests::{EmbedRequest, Embedded, Fault, Inputs, KeepAlive, Ranked, RequestError, RerankRequest};
+pub use requests::{EmbedRequest, Embedded, Fault, Inputs, KeepAlive, LongInputs, Ranked, RequestError, RerankRequest, Token, TokenizeRequest};
 pub use status::{AcceleratedLayers, Counters, Device, EngineCalls, Health, LoadedHealth, ModelHealth};
 
 use crate::sync::RecoverRw;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 pub use crate::registry::KeepAlive;
-pub use crate::tokenize::Inputs;
+pub use crate::tokenize::{Inputs, Token};
 
 use super::{ServeError, Service};
 use crate::config::{ModelKind, ScoreActivation};
@@ -28,6 +28,7 @@ pub struct EmbedRequest {
     /// Keep the first n values of each vector, renormalized.
     pub dimensions: Option<usize>,
     pub keep_alive: Option<KeepAlive>,
+    pub long_inputs: LongInputs,
 }
 
 pub struct Embedded {
@@ -36,6 +37,31 @@ pub struct Embedded {
     pub vectors: Vec<Vec<f32>>,
     /// Tokens the model processed, special tokens and prompts included.
     pub tokens: usize,
+    /// Whether the model's vectors are unit length (its `normalize`).
+    pub normalized: bool,
+}
+
+/// Texts to show as the model's tokens (TEI's `/tokenize`).
+pub struct TokenizeRequest {
+    /// An id or alias; `None` takes the first embedding model.
+    pub model: Option<String>,
+    pub texts: Vec<String>,
+    pub add_special_tokens: bool,
+    /// One of the model's prompts, put before each text (none by default,
+    /// as TEI's `/tokenize` applies none unless named).
+    pub prompt_name: Option<String>,
+}
+
+/// What a request asks of an input longer than the model takes at once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LongInputs {
+    /// The model's own `long_text`: truncated, or embedded in windows. A
+    /// client's `truncate: true` gets this too, so that a text has one vector
+    /// per model whichever API asks.
+    #[default]
+    AsConfigured,
+    /// Refused with `Fault::InputTooLong` (TEI's and Ollama's `truncate: false`).
+    Refuse,
 }
 
 pub struct RerankRequest {
@@ -71,6 +97,8 @@ pub enum Fault {
     PromptWithTokenIds,
     TokenIdsNotAccepted,
     InvalidDimensions,
+    /// An input longer than the model takes, with truncation refused.
+    InputTooLong,
     /// max_pending_requests are already in.
     Overloaded,
     /// A token id outside the model's vocabulary.
@@ -119,7 +147,7 @@ impl RequestError {
         self
     }
 
-    fn unknown_model(name: &str, servable: Vec<&str>) -> Self {
+    pub fn unknown_model(name: &str, servable: Vec<&str>) -> Self {
         let message = format!("The model {name:?} does not exist. Servable models: {}", servable.join(", "));
         Self::new(Fault::UnknownModel { servable: servable.into_iter().map(str::to_string).collect() }, message).param("model").model(name)
     }
@@ -194,6 +222,24 @@ impl Service {
         }
         let _admitted = self.admit(&live).map_err(|o| refuse(RequestError::overloaded(o.limit)))?;
         let result = self.run(&live, slot, inputs, request.keep_alive, live.deadline()).await.map_err(|e| refuse(e.into()))?;
+        let limit = match slot.config.long_text {
+            crate::config::LongText::Truncate => slot.config.max_tokens,
+            crate::config::LongText::Window => slot.config.window,
+        };
+        if request.long_inputs == LongInputs::Refuse && result.longest_input > limit {
+            return Err(refuse(
+                RequestError::new(
+                    Fault::InputTooLong,
+                    format!(
+                        "an input is {} tokens; model {id:?} takes at most {limit} at once. Send truncate: true to embed it as the model is \
+                         configured to (long_text = {})",
+                        result.longest_input,
+                        if slot.config.long_text == crate::config::LongText::Window { "window" } else { "truncate" }
+                    ),
+                )
+                .param("truncate"),
+            ));
+        }
         // The vectors are shared only when the request was coalesced; otherwise take them.
         let tokens = result.tokens;
         let Output::Vectors(mut vectors) = Arc::try_unwrap(result).map_or_else(|shared| shared.output.clone(), |own| own.output) else {
@@ -210,7 +256,65 @@ impl Service {
                 crate::pooling::truncate_dimensions(v, dims);
             }
         }
-        Ok(Embedded { model: id.to_string(), vectors, tokens })
+        Ok(Embedded { model: id.to_string(), vectors, tokens, normalized: slot.config.normalize })
+    }
+
+    /// Each text's tokens as the model's tokenizer makes them, with their byte
+    /// offsets; the model is loaded (and admitted) as for embedding.
+    pub async fn tokenize(&self, request: TokenizeRequest) -> Result<(String, Vec<Vec<Token>>), RequestError> {
+        let live = self.live();
+        let slot = self.tokenizer_slot(&live, request.model.as_deref())?;
+        let id = slot.config.id.clone();
+        let texts = match request.prompt_name {
+            Some(_) => match apply_prompt(Inputs::Texts(request.texts), slot, request.prompt_name.as_deref()).map_err(|e| e.model(&id))? {
+                Inputs::Texts(texts) => texts,
+                _ => unreachable!("apply_prompt keeps texts texts"),
+            },
+            None => request.texts,
+        };
+        let add_special = request.add_special_tokens;
+        let tokens = self.with_tokenizer(&live, slot, move |t| texts.iter().map(|text| t.tokens(text, add_special)).collect()).await?;
+        Ok((id, tokens))
+    }
+
+    /// The text of each list of token ids.
+    pub async fn decode(&self, model: Option<&str>, ids: Vec<Vec<i64>>, skip_special_tokens: bool) -> Result<(String, Vec<String>), RequestError> {
+        let live = self.live();
+        let slot = self.tokenizer_slot(&live, model)?;
+        let texts = self
+            .with_tokenizer(&live, slot, move |t| {
+                ids.iter()
+                    .enumerate()
+                    .map(|(input, ids)| {
+                        t.decode(ids, skip_special_tokens).map_err(|e| match e {
+                            TokenizeError::OutOfVocabulary { position, id, vocab_size, .. } => {
+                                TokenizeError::OutOfVocabulary { input, position, id, vocab_size }
+                            }
+                            e => e,
+                        })
+                    })
+                    .collect()
+            })
+            .await?;
+        Ok((slot.config.id.clone(), texts))
+    }
+
+    fn tokenizer_slot<'l>(&self, live: &'l super::Live, model: Option<&str>) -> Result<&'l Arc<ModelSlot>, RequestError> {
+        live.registry.find(model).ok_or_else(|| RequestError::unknown_model(model.unwrap_or(""), live.registry.ids()))
+    }
+
+    /// Runs `work` with `slot`'s tokenizer, the model loaded and the request
+    /// admitted as any other.
+    async fn with_tokenizer<T: Send + 'static>(
+        &self,
+        live: &super::Live,
+        slot: &Arc<ModelSlot>,
+        work: impl FnOnce(&crate::tokenize::TextTokenizer) -> Result<T, TokenizeError> + Send + 'static,
+    ) -> Result<T, RequestError> {
+        let id = slot.config.id.as_str();
+        let _admitted = self.admit(live).map_err(|o| RequestError::overloaded(o.limit).model(id))?;
+        let lease = live.registry.acquire(slot, &live.config, live.deadline()).await.map_err(|e| RequestError::from(ServeError::from(e)).model(id))?;
+        lease.with_tokenizer(work).await.map_err(|e| RequestError::from(&e).model(id))
     }
 
     /// Scores each document against the query: a cross-encoder's score of

@@ -138,6 +138,22 @@ impl Vocabulary for HfTokenizer {
     fn pairs(&self) -> Option<&HfTokenizer> {
         Some(self)
     }
+
+    fn tokens(&self, text: &str, add_special: bool) -> Result<Vec<super::Token>, TokenizeError> {
+        // encode (not encode_fast): offsets are the point here, in bytes of `text`.
+        let encoding = self.inner.encode(text, add_special).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
+        let tokens = encoding.get_ids().iter().zip(encoding.get_tokens()).zip(encoding.get_offsets()).zip(encoding.get_special_tokens_mask());
+        Ok(tokens
+            .map(|(((&id, token), &(start, stop)), &special)| match special {
+                1 => super::Token { id, text: token.clone(), special: true, start: None, stop: None },
+                _ => super::Token { id, text: text.get(start..stop).unwrap_or(token).to_string(), special: false, start: Some(start), stop: Some(stop) },
+            })
+            .collect())
+    }
+
+    fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizeError> {
+        self.inner.decode(ids, skip_special).map_err(|e| TokenizeError::Tokenizer(e.to_string()))
+    }
 }
 
 #[cfg(test)]

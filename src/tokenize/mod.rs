@@ -60,6 +60,27 @@ trait Vocabulary: Send + Sync {
     fn pairs(&self) -> Option<&hf::HfTokenizer> {
         None
     }
+    /// Each token of `text` with its place in it, special tokens added when
+    /// `add_special` (TEI's `/tokenize`).
+    fn tokens(&self, _text: &str, _add_special: bool) -> Result<Vec<Token>, TokenizeError> {
+        Err(TokenizeError::Tokenizer("listing tokens with their offsets needs a tokenizer.json; this model has a SentencePiece model".into()))
+    }
+    /// The text of `ids` (TEI's `/decode`).
+    fn decode(&self, _ids: &[u32], _skip_special: bool) -> Result<String, TokenizeError> {
+        Err(TokenizeError::Tokenizer("decoding needs a tokenizer.json; this model has a SentencePiece model".into()))
+    }
+}
+
+/// One token of a text, as `/tokenize` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct Token {
+    pub id: u32,
+    /// The text it stands for; a special token's own string.
+    pub text: String,
+    pub special: bool,
+    /// Byte offsets of `text` in the input (none for a special token).
+    pub start: Option<usize>,
+    pub stop: Option<usize>,
 }
 
 /// How inputs longer than the model's window become sequences.
@@ -132,14 +153,20 @@ impl TextTokenizer {
 
     /// The sequences for each input, in order: one per input when truncating,
     /// one per window otherwise. Token ids are validated against the vocabulary.
-    /// Many texts are tokenized on all cores, so that one large request does
-    /// not leave an accelerator waiting on one core.
     pub fn encode(&self, inputs: &Inputs) -> Result<Vec<Vec<Encoded>>, TokenizeError> {
-        match inputs {
+        Ok(self.encode_measured(inputs)?.0)
+    }
+
+    /// As `encode`, with the longest input's whole length in tokens (special
+    /// tokens included) before truncation or windows: what a client that asks
+    /// not to truncate is refused by. Many texts are tokenized on all cores, so
+    /// that one large request does not leave an accelerator waiting on one core.
+    pub fn encode_measured(&self, inputs: &Inputs) -> Result<(Vec<Vec<Encoded>>, usize), TokenizeError> {
+        let measured: Vec<(Vec<Encoded>, usize)> = match inputs {
             Inputs::Texts(texts) if texts.len() >= PARALLEL_FROM => {
-                texts.par_iter().with_min_len(PARALLEL_CHUNK).map(|t| self.split(&self.backend.content(t)?)).collect()
+                texts.par_iter().with_min_len(PARALLEL_CHUNK).map(|t| self.split(&self.backend.content(t)?)).collect::<Result<_, _>>()?
             }
-            Inputs::Texts(texts) => texts.iter().map(|t| self.split(&self.backend.content(t)?)).collect(),
+            Inputs::Texts(texts) => texts.iter().map(|t| self.split(&self.backend.content(t)?)).collect::<Result<_, _>>()?,
             Inputs::TokenIds(all) => all
                 .iter()
                 .enumerate()
@@ -153,15 +180,17 @@ impl TextTokenizer {
                         .collect::<Result<Vec<_>, _>>()?;
                     self.split(&content)
                 })
-                .collect(),
+                .collect::<Result<_, _>>()?,
             Inputs::Pairs { query, documents } => {
                 let max_tokens = match self.split {
                     Split::Truncate { max_tokens } => max_tokens,
                     Split::Window { window, .. } => window,
                 };
-                Ok(self.encode_pairs(query, documents, max_tokens)?.into_iter().map(|e| vec![e]).collect())
+                return Ok((self.encode_pairs(query, documents, max_tokens)?.into_iter().map(|e| vec![e]).collect(), 0));
             }
-        }
+        };
+        let longest = measured.iter().map(|(_, tokens)| *tokens).max().unwrap_or(0);
+        Ok((measured.into_iter().map(|(sequences, _)| sequences).collect(), longest))
     }
 
     /// One sequence per (query, document) pair, joined by the model's pair
@@ -187,6 +216,21 @@ impl TextTokenizer {
         }
     }
 
+    /// Every token of `text` (not truncated), with its byte offsets.
+    pub fn tokens(&self, text: &str, add_special: bool) -> Result<Vec<Token>, TokenizeError> {
+        self.backend.tokens(text, add_special)
+    }
+
+    /// The text of `ids`, which must be in the vocabulary.
+    pub fn decode(&self, ids: &[i64], skip_special: bool) -> Result<String, TokenizeError> {
+        let ids = ids
+            .iter()
+            .enumerate()
+            .map(|(position, &id)| self.backend.check_id(id).ok_or(TokenizeError::OutOfVocabulary { input: 0, position, id, vocab_size: self.vocab_size() }))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.backend.decode(&ids, skip_special)
+    }
+
     /// One sequence per input, truncated whatever the model's long-text mode
     /// (for warm-up and checks).
     pub fn encode_truncated(&self, text: &str) -> Result<Encoded, TokenizeError> {
@@ -198,14 +242,16 @@ impl TextTokenizer {
         self.backend.wrap(&content[..content.len().min(max - self.backend.specials())])
     }
 
-    fn split(&self, content: &[u32]) -> Result<Vec<Encoded>, TokenizeError> {
+    /// The sequences of one input's content, and its whole length in tokens.
+    fn split(&self, content: &[u32]) -> Result<(Vec<Encoded>, usize), TokenizeError> {
         let specials = self.backend.specials();
-        match self.split {
-            Split::Truncate { max_tokens } => Ok(vec![self.backend.wrap(&content[..content.len().min(max_tokens - specials)])?]),
+        let sequences = match self.split {
+            Split::Truncate { max_tokens } => vec![self.backend.wrap(&content[..content.len().min(max_tokens - specials)])?],
             Split::Window { window, stride } => {
-                window_ranges(content.len(), window - specials, stride).into_iter().map(|r| self.backend.wrap(&content[r])).collect()
+                window_ranges(content.len(), window - specials, stride).into_iter().map(|r| self.backend.wrap(&content[r])).collect::<Result<_, _>>()?
             }
-        }
+        };
+        Ok((sequences, content.len() + specials))
     }
 }
 
