@@ -160,19 +160,27 @@ async fn embed_inputs(
     Ok((embedded, loading))
 }
 
+/// An /api/embed body checked as far as it can be without a model (the fuzz
+/// target `request_bodies` drives this with arbitrary bytes): the request,
+/// its texts (taken out of it) and what it asks of long ones.
+pub fn parse_embed(body: &[u8], max_inputs: usize) -> Result<(OllamaEmbedRequest, Inputs, LongInputs), ApiError> {
+    let mut request: OllamaEmbedRequest = parse_json(body).map_err(ollama)?;
+    let inputs = match parse_input_field(request.input.take(), max_inputs, "input").map_err(ollama)? {
+        Inputs::Texts(texts) => Inputs::Texts(texts),
+        _ => return Err(ollama(ApiError::invalid_request("invalid_input", "input must be a string or an array of strings").with_param("input"))),
+    };
+    let long_inputs = if request.truncate == Some(false) { LongInputs::Refuse } else { LongInputs::AsConfigured };
+    Ok((request, inputs, long_inputs))
+}
+
 /// Ollama's embed: one vector per input.
 #[utoipa::path(post, path = "/api/embed", tag = "ollama", request_body = OllamaEmbedRequest,
     responses((status = 200, body = OllamaEmbedResponse), (status = "4XX", body = super::error::OllamaErrorResponse), (status = "5XX", body = super::error::OllamaErrorResponse)))]
 pub async fn embed(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let started = Instant::now();
     let max_inputs = app.service.live().config.server.max_inputs;
-    let mut request: OllamaEmbedRequest = parse_json(&read_body(body).map_err(ollama)?).map_err(ollama)?;
+    let (mut request, inputs, long_inputs) = parse_embed(&read_body(body).map_err(ollama)?, max_inputs)?;
     let model = model_name(&app, request.model.take())?;
-    let inputs = match parse_input_field(request.input.take(), max_inputs, "input").map_err(ollama)? {
-        Inputs::Texts(texts) => Inputs::Texts(texts),
-        _ => return Err(ollama(ApiError::invalid_request("invalid_input", "input must be a string or an array of strings").with_param("input"))),
-    };
-    let long_inputs = if request.truncate == Some(false) { LongInputs::Refuse } else { LongInputs::AsConfigured };
     let (Embedded { model, vectors, tokens, .. }, loading) =
         embed_inputs(&app, model, inputs, request.keep_alive.take(), request.dimensions, long_inputs).await?;
     let summary = super::RequestSummary { model: model.clone(), inputs: vectors.len(), tokens };

@@ -46,16 +46,24 @@ fn require_bearer_key(doc: &mut Document) {
     use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
     doc.components.get_or_insert_with(Default::default).add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
     doc.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
-    let unauthorized = ResponseBuilder::new()
-        .description("api_key is set and the bearer token is missing or wrong")
-        .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorResponse"))).build())
-        .build();
+    // Each API's 401 in its own error shape.
+    let unauthorized = |schema: &str| {
+        ResponseBuilder::new()
+            .description("api_key is set and the bearer token is missing or wrong")
+            .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name(schema))).build())
+            .build()
+    };
     for (path, item) in doc.paths.paths.iter_mut() {
+        let schema = match super::error::Dialect::of_path(path) {
+            super::error::Dialect::OpenAi => "ErrorResponse",
+            super::error::Dialect::Tei => "TeiErrorResponse",
+            super::error::Dialect::Ollama => "OllamaErrorResponse",
+        };
         for operation in [item.get.as_mut(), item.post.as_mut()].into_iter().flatten() {
             if path.ends_with("/health") {
                 operation.security = Some(vec![SecurityRequirement::default()]);
             } else {
-                operation.responses.responses.entry("401".into()).or_insert_with(|| unauthorized.clone().into());
+                operation.responses.responses.entry("401".into()).or_insert_with(|| unauthorized(schema).into());
             }
         }
     }

@@ -156,11 +156,20 @@ pub enum RerankAnswer {
     Tei(Vec<super::tei::Rank>),
 }
 
+/// Either error shape: Infinity's body is refused in OpenAI's, TEI's in TEI's.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum RerankError {
+    Infinity(super::error::ErrorResponse),
+    Tei(super::error::TeiErrorResponse),
+}
+
 /// Infinity/Cohere rerank (`query` and `documents`): the documents'
 /// relevance to the query, best first. A body with TEI's `texts` instead is
 /// answered in TEI's shape, errors included.
 #[utoipa::path(post, path = "/v1/rerank", tag = "rerank", request_body = RerankBody,
-    responses((status = 200, body = RerankAnswer), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
+    responses((status = 200, body = RerankAnswer), (status = "4XX", body = RerankError), (status = "5XX", body = RerankError)))]
 pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<axum::response::Response, ApiError> {
     let body = read_body(body)?;
     if super::tei::is_tei_rerank(&body) {

@@ -185,12 +185,51 @@ pub fn is_tei_rerank(body: &[u8]) -> bool {
     k.texts.is_some() && k.documents.is_none()
 }
 
-pub async fn embed_body(app: &AppState, body: &[u8]) -> Result<Response, ApiError> {
-    let max_inputs = app.service.live().config.server.max_inputs;
+/// A TEI embed body checked as far as it can be without a model (the fuzz
+/// target `request_bodies` drives this with arbitrary bytes): the request,
+/// its inputs (taken out of it) and what it asks of long ones.
+pub fn parse_embed(body: &[u8], max_inputs: usize) -> Result<(TeiEmbedRequest, Inputs, LongInputs), ApiError> {
     let mut request: TeiEmbedRequest = parse_json(body).map_err(tei)?;
     refuse_left(request.truncation_direction)?;
     let inputs = parse_input_field(request.inputs.take(), max_inputs, "inputs").map_err(tei)?;
     let long_inputs = if request.truncate == Some(false) { LongInputs::Refuse } else { LongInputs::AsConfigured };
+    Ok((request, inputs, long_inputs))
+}
+
+/// A TEI rerank body, checked likewise: the request, its query and texts.
+pub fn parse_rerank(body: &[u8], max_inputs: usize) -> Result<(TeiRerankRequest, String, Vec<String>), ApiError> {
+    let mut request: TeiRerankRequest = parse_json(body).map_err(tei)?;
+    refuse_left(request.truncation_direction)?;
+    let query = match request.query.take() {
+        Some(q) if !q.is_empty() => q,
+        Some(_) => return Err(tei(ApiError::invalid_request("empty_query", "query is empty").with_param("query"))),
+        None => return Err(tei(ApiError::invalid_request("missing_query", "query is required").with_param("query"))),
+    };
+    let texts = super::rerank::documents(request.texts.take(), max_inputs, "texts").map_err(tei)?;
+    Ok((request, query, texts))
+}
+
+/// A /tokenize body, checked likewise: the request and its texts.
+pub fn parse_tokenize(body: &[u8], max_inputs: usize) -> Result<(TeiTokenizeRequest, Vec<String>), ApiError> {
+    let mut request: TeiTokenizeRequest = parse_json(body).map_err(tei)?;
+    match parse_input_field(request.inputs.take(), max_inputs, "inputs").map_err(tei)? {
+        Inputs::Texts(texts) => Ok((request, texts)),
+        _ => Err(tei(ApiError::unprocessable("invalid_type", "inputs must be a string or an array of strings").with_param("inputs"))),
+    }
+}
+
+/// A /decode body, checked likewise: the request and its lists of ids.
+pub fn parse_decode(body: &[u8], max_inputs: usize) -> Result<(TeiDecodeRequest, Vec<Vec<i64>>), ApiError> {
+    let mut request: TeiDecodeRequest = parse_json(body).map_err(tei)?;
+    match parse_input_field(request.ids.take(), max_inputs, "ids").map_err(tei)? {
+        Inputs::TokenIds(ids) => Ok((request, ids)),
+        _ => Err(tei(ApiError::unprocessable("invalid_type", "ids must be an array of token ids or of token-id arrays").with_param("ids"))),
+    }
+}
+
+pub async fn embed_body(app: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+    let max_inputs = app.service.live().config.server.max_inputs;
+    let (request, inputs, long_inputs) = parse_embed(body, max_inputs)?;
     let embedded = app
         .service
         .embed(EmbedRequest { model: request.model, inputs, prompt_name: request.prompt_name, dimensions: request.dimensions, keep_alive: None, long_inputs })
@@ -224,14 +263,7 @@ pub async fn embed(State(app): State<AppState>, body: Result<Bytes, BytesRejecti
 /// each text's score, best first.
 pub async fn rerank_body(app: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let max_inputs = app.service.live().config.server.max_inputs;
-    let mut request: TeiRerankRequest = parse_json(body).map_err(tei)?;
-    refuse_left(request.truncation_direction)?;
-    let query = match request.query.take() {
-        Some(q) if !q.is_empty() => q,
-        Some(_) => return Err(tei(ApiError::invalid_request("empty_query", "query is empty").with_param("query"))),
-        None => return Err(tei(ApiError::invalid_request("missing_query", "query is required").with_param("query"))),
-    };
-    let texts = super::rerank::documents(request.texts.take(), max_inputs, "texts").map_err(tei)?;
+    let (request, query, texts) = parse_rerank(body, max_inputs)?;
     let returned = request.return_text.then(|| texts.clone());
     let count = texts.len();
     let Ranked { model, scores, tokens } = app
@@ -268,11 +300,7 @@ pub async fn root(State(app): State<AppState>, body: Result<Bytes, BytesRejectio
     responses((status = 200, body = Vec<Vec<Token>>), (status = "4XX", body = super::error::TeiErrorResponse), (status = "5XX", body = super::error::TeiErrorResponse)))]
 pub async fn tokenize(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let max_inputs = app.service.live().config.server.max_inputs;
-    let mut request: TeiTokenizeRequest = parse_json(&read_body(body).map_err(tei)?).map_err(tei)?;
-    let texts = match parse_input_field(request.inputs.take(), max_inputs, "inputs").map_err(tei)? {
-        Inputs::Texts(texts) => texts,
-        _ => return Err(tei(ApiError::unprocessable("invalid_type", "inputs must be a string or an array of strings").with_param("inputs"))),
-    };
+    let (request, texts) = parse_tokenize(&read_body(body).map_err(tei)?, max_inputs)?;
     let request = TokenizeRequest { model: request.model, texts, add_special_tokens: request.add_special_tokens, prompt_name: request.prompt_name };
     let (model, tokens) = app.service.tokenize(request).await.map_err(tei)?;
     let summary = super::RequestSummary { model, inputs: tokens.len(), tokens: tokens.iter().map(Vec::len).sum() };
@@ -284,11 +312,7 @@ pub async fn tokenize(State(app): State<AppState>, body: Result<Bytes, BytesReje
     responses((status = 200, body = Vec<String>), (status = "4XX", body = super::error::TeiErrorResponse), (status = "5XX", body = super::error::TeiErrorResponse)))]
 pub async fn decode(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let max_inputs = app.service.live().config.server.max_inputs;
-    let mut request: TeiDecodeRequest = parse_json(&read_body(body).map_err(tei)?).map_err(tei)?;
-    let ids = match parse_input_field(request.ids.take(), max_inputs, "ids").map_err(tei)? {
-        Inputs::TokenIds(ids) => ids,
-        _ => return Err(tei(ApiError::unprocessable("invalid_type", "ids must be an array of token ids or of token-id arrays").with_param("ids"))),
-    };
+    let (request, ids) = parse_decode(&read_body(body).map_err(tei)?, max_inputs)?;
     let (model, texts) = app.service.decode(request.model.as_deref(), ids, request.skip_special_tokens).await.map_err(tei)?;
     let summary = super::RequestSummary { model, inputs: texts.len(), tokens: 0 };
     Ok((axum::Extension(summary), Json(texts)).into_response())

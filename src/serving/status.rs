@@ -94,9 +94,11 @@ pub struct Counters {
     pub errors: u64,
 }
 
-/// What a loaded model adds.
+/// What a loaded model adds. Every field is absent while the model is not
+/// loaded, so none is required in the schema of a model's state.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LoadedHealth {
+    #[schema(required = false)]
     pub precision: String,
     pub runtime_version: Option<String>,
     /// Layers on the accelerator: a device attached too late leaves every
@@ -104,10 +106,14 @@ pub struct LoadedHealth {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accelerated_layers: Option<AcceleratedLayers>,
     /// Width of its vectors.
+    #[schema(required = false)]
     pub dimensions: usize,
+    #[schema(required = false)]
     pub load_ms: u64,
+    #[schema(required = false)]
     pub engine_calls: EngineCalls,
     /// process or thread.
+    #[schema(required = false)]
     pub isolation: String,
     /// The engine's own process per device, for `ps`/`top` and its memory (isolation = process).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -9,12 +9,20 @@ use std::sync::OnceLock;
 use eeane::config::{CliOverrides, Config, TokenIds};
 use eeane::tokenize::{Inputs, Split, TextTokenizer};
 
-/// Arbitrary bytes as the body of POST /v1/embeddings and /v1/rerank, through
-/// the handlers' own parsing (JSON, input shapes, token-id arrays, documents,
-/// top_n, keep_alive): an error is fine, a panic is a finding.
+/// Arbitrary bytes as the body of every POST route, through the handlers' own
+/// parsing (JSON, input shapes, token-id arrays, documents, top_n,
+/// keep_alive; TEI's embed, rerank, tokenize and decode; Ollama's embed): an
+/// error is fine, a panic is a finding.
 pub fn request_bodies(data: &[u8]) {
-    let _ = eeane::http::openai::parse_embeddings(data, 2048);
-    let _ = eeane::http::rerank::parse_rerank(data, 2048);
+    use eeane::http::{ollama, openai, rerank, tei};
+    let _ = openai::parse_embeddings(data, 2048);
+    let _ = rerank::parse_rerank(data, 2048);
+    let _ = tei::is_tei_rerank(data);
+    let _ = tei::parse_embed(data, 2048);
+    let _ = tei::parse_rerank(data, 2048);
+    let _ = tei::parse_tokenize(data, 2048);
+    let _ = tei::parse_decode(data, 2048);
+    let _ = ollama::parse_embed(data, 2048);
 }
 
 fn tokenizers_from_cache() -> &'static Vec<TextTokenizer> {
@@ -52,6 +60,13 @@ pub fn tokenizers(data: &[u8]) {
                 Inputs::Pairs { query: query.to_string(), documents: vec![document.to_string()] }
             }
         };
+        // /tokenize and /decode: every token's offsets lie inside the text.
+        if let Ok(tokens) = tokenizer.tokens(&text, mode % 2 == 0) {
+            for t in tokens.iter().filter(|t| !t.special) {
+                assert!(t.start.zip(t.stop).is_some_and(|(a, b)| a <= b && b <= text.len()), "offsets {t:?} outside {} bytes", text.len());
+            }
+        }
+        let _ = tokenizer.decode(&ids, mode % 2 == 1);
         if let Ok(all) = tokenizer.encode(&inputs) {
             for sequences in all {
                 for s in sequences {
