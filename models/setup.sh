@@ -42,8 +42,9 @@ fi
 # about 7 minutes once) and installs a Vulkan loader and Mesa's lavapipe, a
 # Vulkan device on the CPU; "examples" makes a venv with the client packages
 # the examples use (examples/requirements.txt), "test-tools" one with the test
-# tools (tests/requirements.txt: schemathesis); "nginx" installs Debian's nginx
-# (the scale-out test); the other names are models/prepare.py targets.
+# tools (tests/requirements.txt: schemathesis, playwright); "chromium" installs
+# Debian's chromium (tests/explorer.rs drives it); "nginx" installs Debian's
+# nginx (the scale-out test); the other names are models/prepare.py targets.
 # A venv of its own for client or test packages, remade when its requirements change.
 side_venv() {
   local dir=$1 requirements=$2 stamp
@@ -63,6 +64,11 @@ for target in ${EEANE_EXTRA_MODELS:-}; do
     side_venv "$cache/venv-examples" "$here/../examples/requirements.txt"
   elif [ "$target" = test-tools ]; then
     side_venv "$cache/venv-tools" "$here/../tests/requirements.txt"
+  elif [ "$target" = chromium ]; then
+    if [ ! -x /usr/bin/chromium ]; then
+      echo "setup: installing Debian's chromium (the /docs explorer test)" >&2
+      apt_install chromium
+    fi
   elif [ "$target" = nginx ]; then
     if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
       echo "setup: installing Debian's nginx" >&2

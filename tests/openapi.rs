@@ -47,6 +47,13 @@ fn the_document_is_openapi_3_and_lists_every_route() {
     let mut routes: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
     routes.sort();
     assert_eq!(listed, routes, "the document and the router disagree");
+    // Unique operation ids: Swagger UI at /docs finds operations by id.
+    let mut ids: Vec<&str> =
+        doc["paths"].as_object().unwrap().values().flat_map(|item| item.as_object().unwrap().values().map(|op| op["operationId"].as_str().unwrap())).collect();
+    ids.sort();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), before, "operation ids repeat: {ids:?}");
     for schema in [
         "EmbeddingsRequest",
         "EmbeddingsResponse",

@@ -47,7 +47,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::metrics))
         .route("/v1/metrics", get(metrics::metrics))
         .route("/openapi.json", get(openapi::openapi_json))
-        .route("/docs", get(openapi::docs))
+        .merge(openapi::explorer())
         .route("/admin/reload", post(admin::reload))
         // Text Embeddings Inference's routes (/rerank takes its body too).
         .route("/", post(tei::root))
@@ -91,6 +91,12 @@ async fn require_api_key(State(app): State<AppState>, request: Request, next: Ne
     };
     // Any method: /health has only GET, so the others get their 405 after this.
     if matches!(request.uri().path(), "/health" | "/v1/health") {
+        return next.run(request).await;
+    }
+    // The API's description and its explorer, which holds the key the user
+    // types and sends it with each request it tries; neither shows a secret.
+    let path = request.uri().path();
+    if request.method() == Method::GET && (path == "/openapi.json" || path == "/docs" || path.starts_with("/docs/")) {
         return next.run(request).await;
     }
     if request.method() == Method::GET && live.config.server.metrics_public && matches!(request.uri().path(), "/metrics" | "/v1/metrics") {

@@ -174,7 +174,7 @@ pub fn parse_embed(body: &[u8], max_inputs: usize) -> Result<(OllamaEmbedRequest
 }
 
 /// Ollama's embed: one vector per input.
-#[utoipa::path(post, path = "/api/embed", tag = "ollama", request_body = OllamaEmbedRequest,
+#[utoipa::path(post, path = "/api/embed", operation_id = "ollama_embed", tag = "ollama", request_body = OllamaEmbedRequest,
     responses((status = 200, body = OllamaEmbedResponse), (status = "4XX", body = super::error::OllamaErrorResponse), (status = "5XX", body = super::error::OllamaErrorResponse)))]
 pub async fn embed(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let started = Instant::now();
@@ -195,7 +195,7 @@ pub async fn embed(State(app): State<AppState>, body: Result<Bytes, BytesRejecti
 }
 
 /// Ollama's older embeddings route: one prompt, one vector.
-#[utoipa::path(post, path = "/api/embeddings", tag = "ollama", request_body = OllamaEmbeddingsRequest,
+#[utoipa::path(post, path = "/api/embeddings", operation_id = "ollama_embeddings", tag = "ollama", request_body = OllamaEmbeddingsRequest,
     responses((status = 200, body = OllamaEmbeddingsResponse), (status = "4XX", body = super::error::OllamaErrorResponse), (status = "5XX", body = super::error::OllamaErrorResponse)))]
 pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let mut request: OllamaEmbeddingsRequest = parse_json(&read_body(body).map_err(ollama)?).map_err(ollama)?;
@@ -266,19 +266,19 @@ fn listed(app: &AppState, m: &ModelHealth, running: bool) -> OllamaModel {
 }
 
 /// Every configured model, as Ollama lists the models it has.
-#[utoipa::path(get, path = "/api/tags", tag = "ollama", responses((status = 200, body = OllamaModels)))]
+#[utoipa::path(get, path = "/api/tags", operation_id = "ollama_tags", tag = "ollama", responses((status = 200, body = OllamaModels)))]
 pub async fn tags(State(app): State<AppState>) -> Json<OllamaModels> {
     Json(OllamaModels { models: app.service.model_states().iter().map(|m| listed(&app, m, false)).collect() })
 }
 
 /// The loaded models, with when each unloads.
-#[utoipa::path(get, path = "/api/ps", tag = "ollama", responses((status = 200, body = OllamaModels)))]
+#[utoipa::path(get, path = "/api/ps", operation_id = "ollama_ps", tag = "ollama", responses((status = 200, body = OllamaModels)))]
 pub async fn ps(State(app): State<AppState>) -> Json<OllamaModels> {
     Json(OllamaModels { models: app.service.model_states().iter().filter(|m| m.status.loaded).map(|m| listed(&app, m, true)).collect() })
 }
 
 /// The Ollama API version this server answers to.
-#[utoipa::path(get, path = "/api/version", tag = "ollama", responses((status = 200, body = OllamaVersion)))]
+#[utoipa::path(get, path = "/api/version", operation_id = "ollama_version", tag = "ollama", responses((status = 200, body = OllamaVersion)))]
 pub async fn version() -> Json<OllamaVersion> {
     Json(OllamaVersion { version: OLLAMA_API_VERSION })
 }

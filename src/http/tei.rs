@@ -253,7 +253,7 @@ pub async fn embed_body(app: &AppState, body: &[u8]) -> Result<Response, ApiErro
 }
 
 /// TEI's embed: one vector per input, `[[f32]]`.
-#[utoipa::path(post, path = "/embed", tag = "tei", request_body = TeiEmbedRequest,
+#[utoipa::path(post, path = "/embed", operation_id = "tei_embed", tag = "tei", request_body = TeiEmbedRequest,
     responses((status = 200, body = Vec<Vec<f32>>), (status = "4XX", body = super::error::TeiErrorResponse), (status = "5XX", body = super::error::TeiErrorResponse)))]
 pub async fn embed(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     embed_body(&app, &read_body(body).map_err(tei)?).await
@@ -281,7 +281,7 @@ pub async fn rerank_body(app: &AppState, body: &[u8]) -> Result<Response, ApiErr
 
 /// `POST /`: what `InferenceClient(base_url=...)` posts. A query and texts
 /// are reranked; anything else is embedded.
-#[utoipa::path(post, path = "/", tag = "tei", request_body = TeiEmbedRequest,
+#[utoipa::path(post, path = "/", operation_id = "tei_root", tag = "tei", request_body = TeiEmbedRequest,
     responses((status = 200, description = "as /embed, or as TEI's /rerank for a body with query and texts", body = Vec<Vec<f32>>),
         (status = "4XX", body = super::error::TeiErrorResponse), (status = "5XX", body = super::error::TeiErrorResponse)))]
 pub async fn root(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -296,7 +296,7 @@ pub async fn root(State(app): State<AppState>, body: Result<Bytes, BytesRejectio
 
 /// The tokens eeane would embed for each input, with special tokens and byte
 /// offsets (not truncated).
-#[utoipa::path(post, path = "/tokenize", tag = "tei", request_body = TeiTokenizeRequest,
+#[utoipa::path(post, path = "/tokenize", operation_id = "tei_tokenize", tag = "tei", request_body = TeiTokenizeRequest,
     responses((status = 200, body = Vec<Vec<Token>>), (status = "4XX", body = super::error::TeiErrorResponse), (status = "5XX", body = super::error::TeiErrorResponse)))]
 pub async fn tokenize(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let max_inputs = app.service.live().config.server.max_inputs;
@@ -308,7 +308,7 @@ pub async fn tokenize(State(app): State<AppState>, body: Result<Bytes, BytesReje
 }
 
 /// The text of token ids.
-#[utoipa::path(post, path = "/decode", tag = "tei", request_body = TeiDecodeRequest,
+#[utoipa::path(post, path = "/decode", operation_id = "tei_decode", tag = "tei", request_body = TeiDecodeRequest,
     responses((status = 200, body = Vec<String>), (status = "4XX", body = super::error::TeiErrorResponse), (status = "5XX", body = super::error::TeiErrorResponse)))]
 pub async fn decode(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let max_inputs = app.service.live().config.server.max_inputs;
@@ -320,7 +320,7 @@ pub async fn decode(State(app): State<AppState>, body: Result<Bytes, BytesReject
 
 /// The model a request without `model` gets (or `?model=`), as TEI describes
 /// the one model it serves.
-#[utoipa::path(get, path = "/info", tag = "tei", params(InfoQuery),
+#[utoipa::path(get, path = "/info", operation_id = "tei_info", tag = "tei", params(InfoQuery),
     responses((status = 200, body = Info), (status = "4XX", body = super::error::TeiErrorResponse)))]
 pub async fn info(State(app): State<AppState>, Query(query): Query<InfoQuery>) -> Result<Json<Info>, ApiError> {
     let live = app.service.live();
