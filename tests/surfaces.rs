@@ -80,7 +80,7 @@ fn tei_embed_and_root_give_the_openai_vectors() {
     assert!(raw.iter().all(|v| (v.iter().map(|x| x * x).sum::<f32>().sqrt() - 1.0).abs() > 1e-3), "minilm-raw is not unit length");
     assert_eq!(floats(&ok(&server, "/embed", json!({"inputs": TEXTS, "model": "minilm-raw", "normalize": false}))), raw);
     assert_eq!(floats(&ok(&server, "/embed", json!({"inputs": TEXTS, "model": "minilm-raw"}))), direct, "normalized as the model that normalizes");
-    let message = tei_refusal(&server, "/embed", json!({"inputs": TEXTS, "normalize": false}), 413, "validation");
+    let message = tei_refusal(&server, "/embed", json!({"inputs": TEXTS, "normalize": false}), 422, "Validation");
     assert!(message.contains("normalize"), "{message}");
 }
 
@@ -88,12 +88,13 @@ fn tei_embed_and_root_give_the_openai_vectors() {
 fn tei_truncate_false_refuses_what_truncate_true_embeds() {
     let server = server();
     let long = "retrieval ".repeat(400);
-    let message = tei_refusal(&server, "/embed", json!({"inputs": [TEXTS[0], long], "truncate": false}), 413, "validation");
+    let message = tei_refusal(&server, "/embed", json!({"inputs": [TEXTS[0], long], "truncate": false}), 422, "Validation");
     assert!(message.contains("402 tokens") && message.contains("256"), "{message}");
     let direct = vectors(&ok(&server, "/v1/embeddings", json!({"input": [long]})));
     assert_eq!(floats(&ok(&server, "/embed", json!({"inputs": [long], "truncate": true}))), direct);
     assert_eq!(floats(&ok(&server, "/embed", json!({"inputs": [TEXTS[0]], "truncate": false}))).len(), 1, "a short input passes");
-    tei_refusal(&server, "/embed", json!({"inputs": "x", "truncation_direction": "Left"}), 413, "validation");
+    tei_refusal(&server, "/embed", json!({"inputs": "x", "truncation_direction": "Left"}), 422, "Validation");
+    tei_refusal(&server, "/embed", json!({"inputs": []}), 400, "Empty");
 }
 
 #[test]
@@ -121,8 +122,8 @@ fn tei_rerank_scores_equal_infinity_scores() {
     }
     let without_text = ok(&server, "/rerank", json!({"query": query, "texts": TEXTS}));
     assert!(without_text[0].get("text").is_none(), "{without_text}");
-    tei_refusal(&server, "/rerank", json!({"query": query, "texts": []}), 413, "validation");
-    tei_refusal(&server, "/rerank", json!({"query": "", "texts": TEXTS}), 413, "validation");
+    tei_refusal(&server, "/rerank", json!({"query": query, "texts": []}), 400, "Empty");
+    tei_refusal(&server, "/rerank", json!({"query": "", "texts": TEXTS}), 400, "Empty");
     // Infinity's body on the same path keeps Infinity's error shape.
     let (status, body) = post(&server, "/rerank", json!({"query": query, "documents": []}));
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("empty_documents")), "{body}");
@@ -154,8 +155,8 @@ fn tei_tokenize_decode_and_info() {
     assert_eq!(plain[0].as_array().unwrap().len(), 1, "{plain}");
     let prompted = ok(&server, "/tokenize", json!({"inputs": "hello", "prompt_name": "query", "add_special_tokens": false}));
     assert_eq!(prompted[0][0]["text"], "query");
-    tei_refusal(&server, "/decode", json!({"ids": [1_000_000]}), 422, "tokenizer");
-    tei_refusal(&server, "/tokenize", json!({"inputs": []}), 413, "validation");
+    tei_refusal(&server, "/decode", json!({"ids": [1_000_000]}), 422, "Tokenizer");
+    tei_refusal(&server, "/tokenize", json!({"inputs": []}), 400, "Empty");
 
     let info = get(&server, "/info");
     assert_eq!(info["model_id"], "all-minilm-l6-v2");
@@ -222,12 +223,12 @@ fn ollama_refusals_in_its_shape_and_the_server_keeps_serving() {
     let (status, body) = server.post_raw("/api/embed", b"{\"model\": ".to_vec(), &[("Authorization", &format!("Bearer {KEY}"))]);
     assert_eq!((status, body.as_object().map(|o| o.len())), (400, Some(1)), "{body}");
     let (status, body) = server.post_raw("/embed", b"{\"inputs\": ".to_vec(), &[("Authorization", &format!("Bearer {KEY}"))]);
-    assert_eq!((status, body["error_type"].as_str()), (422, Some("validation")), "{body}");
+    assert_eq!((status, body["error_type"].as_str()), (422, Some("Validation")), "{body}");
     // Without the key: 401 in each API's shape.
     let (status, _, body) = server.post_full("/api/embed", &json!({"model": "minilm", "input": "x"}), &[]);
     assert_eq!((status, body.as_object().map(|o| o.len())), (401, Some(1)), "{body}");
     let (status, _, body) = server.post_full("/embed", &json!({"inputs": "x"}), &[]);
-    assert_eq!((status, body["error_type"].as_str()), (401, Some("validation")), "{body}");
+    assert_eq!((status, body["error_type"].as_str()), (401, Some("Validation")), "{body}");
     let (status, _, body) = server.post_full("/v1/embeddings", &json!({"input": "x"}), &[]);
     assert_eq!((status, body["error"]["code"].as_str()), (401, Some("invalid_api_key")), "{body}");
     // Still serving, every model.
@@ -237,4 +238,56 @@ fn ollama_refusals_in_its_shape_and_the_server_keeps_serving() {
     for route in ["route=\"/api/embed\",status=\"404\"", "route=\"/embed\",status=\"422\"", "route=\"/rerank\",status=\"200\""] {
         assert!(metrics.contains(route), "{route} missing from /metrics");
     }
+}
+
+/// The required fields and JSON types of TEI's published schemas (its
+/// docs/openapi.json at 1.9.3: Info, SimpleToken, Rank, ErrorResponse), held
+/// against eeane's answers.
+#[test]
+fn tei_answers_have_the_fields_of_teis_schemas() {
+    let server = server();
+    let kind = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    let fields = |what: &str, value: &Value, required: &[(&str, &str)]| {
+        for (field, want) in required {
+            let got = value.get(field).map(kind);
+            assert!(got == Some(want) || (*want == "number" && got == Some("integer")), "{what}.{field}: {got:?}, TEI's schema says {want}: {value}");
+        }
+    };
+    let info = get(&server, "/info");
+    fields(
+        "Info",
+        &info,
+        &[
+            ("model_id", "string"),
+            ("model_dtype", "string"),
+            ("model_type", "object"),
+            ("max_concurrent_requests", "integer"),
+            ("max_input_length", "integer"),
+            ("max_batch_tokens", "integer"),
+            ("max_client_batch_size", "integer"),
+            ("auto_truncate", "boolean"),
+            ("tokenization_workers", "integer"),
+            ("version", "string"),
+        ],
+    );
+    for token in ok(&server, "/tokenize", json!({"inputs": "hello world"}))[0].as_array().unwrap() {
+        fields("SimpleToken", token, &[("id", "integer"), ("text", "string"), ("special", "boolean")]);
+    }
+    for rank in ok(&server, "/rerank", json!({"query": "q", "texts": ["a", "b"], "return_text": true})).as_array().unwrap() {
+        fields("Rank", rank, &[("index", "integer"), ("score", "number"), ("text", "string")]);
+    }
+    let (_, error) = post(&server, "/embed", json!({"inputs": []}));
+    fields("ErrorResponse", &error, &[("error", "string"), ("error_type", "string")]);
+    let types = ["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"];
+    assert!(types.contains(&error["error_type"].as_str().unwrap()), "ErrorType is one of TEI's: {error}");
+    let vectors = ok(&server, "/embed", json!({"inputs": ["a"]}));
+    assert!(vectors[0].as_array().unwrap().iter().all(|x| x.is_f64()), "EmbedResponse is [[number]]");
 }

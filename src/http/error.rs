@@ -31,9 +31,9 @@ pub enum Dialect {
     /// `{"error": {"message", "type", "param", "code"}}` (and Infinity's rerank).
     #[default]
     OpenAi,
-    /// Text Embeddings Inference: `{"error", "error_type"}` with 413 for a
-    /// request it refuses, 422 for tokenization, 424 for the model, 429 when
-    /// overloaded.
+    /// Text Embeddings Inference: `{"error", "error_type"}`, 400 for an empty
+    /// request, 422 for another it refuses or cannot tokenize, 424 for the
+    /// model, 429 when overloaded.
     Tei,
     /// Ollama: `{"error"}`, 400 for a request it refuses, 404 for a model it
     /// does not have.
@@ -68,21 +68,23 @@ impl ApiError {
         self
     }
 
-    /// TEI's status and `error_type`: TEI answers every request it refuses
-    /// with 413 (its "validation"), tokenizer failures with 422 and model
-    /// failures with 424.
+    /// TEI's status and `error_type`, as TEI's router (1.9.3) maps its own:
+    /// an empty request is 400 `Empty`, any other it refuses 422
+    /// `Validation`, a tokenizer failure 422 `Tokenizer`, a model failure 424
+    /// `Backend`, overload 429 `Overloaded`, a model that cannot serve 503
+    /// `Unhealthy`.
     fn tei_status(&self) -> (StatusCode, &'static str) {
         use StatusCode as S;
         match (self.status, self.code) {
-            (_, "tokenization_failed" | "token_id_out_of_vocabulary" | "query_too_long") => (S::UNPROCESSABLE_ENTITY, "tokenizer"),
-            // axum's Json extractor, which TEI uses, answers a body that is not JSON with 4xx, not 413.
-            (_, "invalid_json") => (S::UNPROCESSABLE_ENTITY, "validation"),
-            (S::BAD_REQUEST | S::PAYLOAD_TOO_LARGE, _) => (S::PAYLOAD_TOO_LARGE, "validation"),
-            (S::UNPROCESSABLE_ENTITY, _) => (S::UNPROCESSABLE_ENTITY, "validation"),
-            (S::TOO_MANY_REQUESTS, _) | (_, "queue_timeout" | "no_room") => (S::TOO_MANY_REQUESTS, "overloaded"),
-            (S::SERVICE_UNAVAILABLE, _) => (S::SERVICE_UNAVAILABLE, "unhealthy"),
-            (status, _) if status.is_server_error() => (S::FAILED_DEPENDENCY, "backend"),
-            (status, _) => (status, "validation"),
+            (_, "tokenization_failed" | "token_id_out_of_vocabulary" | "query_too_long") => (S::UNPROCESSABLE_ENTITY, "Tokenizer"),
+            (_, "missing_input" | "empty_input" | "missing_documents" | "empty_documents" | "empty_document" | "missing_query" | "empty_query") => {
+                (S::BAD_REQUEST, "Empty")
+            }
+            (S::BAD_REQUEST | S::PAYLOAD_TOO_LARGE | S::UNPROCESSABLE_ENTITY, _) => (S::UNPROCESSABLE_ENTITY, "Validation"),
+            (S::TOO_MANY_REQUESTS, _) | (_, "queue_timeout" | "no_room") => (S::TOO_MANY_REQUESTS, "Overloaded"),
+            (S::SERVICE_UNAVAILABLE, _) => (S::SERVICE_UNAVAILABLE, "Unhealthy"),
+            (status, _) if status.is_server_error() => (S::FAILED_DEPENDENCY, "Backend"),
+            (status, _) => (status, "Validation"),
         }
     }
 
@@ -180,7 +182,7 @@ pub struct ErrorObject {
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct TeiErrorResponse {
     pub error: String,
-    /// validation, tokenizer, backend, overloaded or unhealthy.
+    /// Validation, Empty, Tokenizer, Backend, Overloaded or Unhealthy.
     pub error_type: String,
 }
 

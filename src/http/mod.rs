@@ -95,8 +95,9 @@ async fn require_api_key(State(app): State<AppState>, request: Request, next: Ne
     }
     // The API's description and its explorer, which holds the key the user
     // types and sends it with each request it tries; neither shows a secret.
+    // Any method, as for /health.
     let path = request.uri().path();
-    if request.method() == Method::GET && (path == "/openapi.json" || path == "/docs" || path.starts_with("/docs/")) {
+    if path == "/openapi.json" || path == "/docs" || path.starts_with("/docs/") {
         return next.run(request).await;
     }
     if request.method() == Method::GET && live.config.server.metrics_public && matches!(request.uri().path(), "/metrics" | "/v1/metrics") {
