@@ -133,9 +133,8 @@ fn ollama(e: impl Into<ApiError>) -> ApiError {
 /// `:latest` tag. Ollama requires a model.
 fn model_name(app: &AppState, name: Option<String>) -> Result<String, ApiError> {
     let name = name.filter(|n| !n.is_empty()).ok_or_else(|| ollama(ApiError::invalid_request("missing_model", "model is required").with_param("model")))?;
-    let known = |n: &str| app.service.model_states().iter().any(|m| m.id == n || m.aliases.iter().any(|a| a == n));
     Ok(match name.strip_suffix(":latest") {
-        Some(bare) if !known(&name) && known(bare) => bare.to_string(),
+        Some(bare) if !app.service.has_model(&name) && app.service.has_model(bare) => bare.to_string(),
         _ => name,
     })
 }
@@ -203,8 +202,8 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
     let prompt = request.prompt.take().unwrap_or_default();
     if prompt.is_empty() {
         // Ollama answers an empty prompt with an empty embedding, for a model it has.
-        let states = app.service.model_states();
-        if !states.iter().any(|m| m.id == model || m.aliases.contains(&model)) {
+        if !app.service.has_model(&model) {
+            let states = app.service.model_states();
             return Err(ollama(crate::serving::RequestError::unknown_model(&model, states.iter().map(|m| m.id.as_str()).collect())));
         }
         return Ok(Json(OllamaEmbeddingsResponse { embedding: Vec::new() }).into_response());

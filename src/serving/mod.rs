@@ -216,6 +216,11 @@ impl Service {
         Ok(summary)
     }
 
+    /// Whether a model has this id or alias.
+    pub fn has_model(&self, name: &str) -> bool {
+        self.live().registry.find(Some(name)).is_some()
+    }
+
     /// The model named, if it is loaded (for `eeane bench`'s engine counters).
     pub fn loaded_model(&self, name: &str) -> Option<Arc<crate::model::LoadedModel>> {
         match self.live().registry.find(Some(name))?.state() {
