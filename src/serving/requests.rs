@@ -47,8 +47,8 @@ pub struct TokenizeRequest {
     pub model: Option<String>,
     pub texts: Vec<String>,
     pub add_special_tokens: bool,
-    /// One of the model's prompts, put before each text (none by default,
-    /// as TEI's `/tokenize` applies none unless named).
+    /// One of the model's prompts, put before each text; without it the
+    /// model's default prompt, if it has one (as for embedding).
     pub prompt_name: Option<String>,
 }
 
@@ -265,12 +265,10 @@ impl Service {
         let live = self.live();
         let slot = self.tokenizer_slot(&live, request.model.as_deref())?;
         let id = slot.config.id.clone();
-        let texts = match request.prompt_name {
-            Some(_) => match apply_prompt(Inputs::Texts(request.texts), slot, request.prompt_name.as_deref()).map_err(|e| e.model(&id))? {
-                Inputs::Texts(texts) => texts,
-                _ => unreachable!("apply_prompt keeps texts texts"),
-            },
-            None => request.texts,
+        // The prompt as embedding applies it, named or the model's default:
+        // these are the ids the model would embed.
+        let Inputs::Texts(texts) = apply_prompt(Inputs::Texts(request.texts), slot, request.prompt_name.as_deref()).map_err(|e| e.model(&id))? else {
+            unreachable!("apply_prompt returns texts for texts")
         };
         let add_special = request.add_special_tokens;
         let tokens = self.with_tokenizer(&live, slot, move |t| texts.iter().map(|text| t.tokens(text, add_special)).collect()).await?;
