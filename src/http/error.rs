@@ -235,6 +235,7 @@ impl From<RequestError> for ApiError {
             Fault::TokenIdsNotAccepted => (S::BAD_REQUEST, "invalid_request_error", "token_ids_not_accepted", None),
             Fault::InvalidDimensions => (S::BAD_REQUEST, "invalid_request_error", "invalid_dimensions", None),
             Fault::InputTooLong => (S::PAYLOAD_TOO_LARGE, "invalid_request_error", "input_too_long", None),
+            Fault::NormalizeUnavailable => (S::BAD_REQUEST, "invalid_request_error", "normalize_unavailable", None),
             Fault::Overloaded => (S::TOO_MANY_REQUESTS, "rate_limit_error", "too_many_pending_requests", Some(1)),
             Fault::OutOfVocabulary => (S::UNPROCESSABLE_ENTITY, "invalid_request_error", "token_id_out_of_vocabulary", None),
             Fault::Tokenization => (S::BAD_REQUEST, "invalid_request_error", "tokenization_failed", None),

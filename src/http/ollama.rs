@@ -150,7 +150,7 @@ async fn embed_inputs(
 ) -> Result<(Embedded, Duration), ApiError> {
     let keep_alive = parse_keep_alive(keep_alive).map_err(ollama)?;
     let was_loaded = app.service.loaded_model(&model).is_some();
-    let request = EmbedRequest { model: Some(model.clone()), inputs, prompt_name: None, dimensions, keep_alive, long_inputs };
+    let request = EmbedRequest { model: Some(model.clone()), inputs, prompt_name: None, dimensions, keep_alive, long_inputs, unit_length: None };
     let embedded = app.service.embed(request).await.map_err(ollama)?;
     let loading = match (was_loaded, app.service.loaded_model(&model)) {
         (false, Some(loaded)) => Duration::from_millis(loaded.load_ms),

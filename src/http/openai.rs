@@ -270,6 +270,7 @@ pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRe
             dimensions: request.dimensions,
             keep_alive,
             long_inputs: Default::default(),
+            unit_length: None,
         })
         .await
         .map_err(|e| {

@@ -232,22 +232,18 @@ pub async fn embed_body(app: &AppState, body: &[u8]) -> Result<Response, ApiErro
     let (request, inputs, long_inputs) = parse_embed(body, max_inputs)?;
     let embedded = app
         .service
-        .embed(EmbedRequest { model: request.model, inputs, prompt_name: request.prompt_name, dimensions: request.dimensions, keep_alive: None, long_inputs })
+        .embed(EmbedRequest {
+            model: request.model,
+            inputs,
+            prompt_name: request.prompt_name,
+            dimensions: request.dimensions,
+            keep_alive: None,
+            long_inputs,
+            unit_length: Some(request.normalize),
+        })
         .await
         .map_err(tei)?;
-    let Embedded { model, mut vectors, tokens, normalized } = embedded;
-    match (request.normalize, normalized) {
-        (false, true) => {
-            return Err(tei(ApiError::invalid_request(
-                "normalize_unavailable",
-                format!("model {model:?} is configured to normalize its vectors (normalize = true); normalize: false cannot be served"),
-            )
-            .with_param("normalize")
-            .with_model(&model)))
-        }
-        (true, false) => vectors.iter_mut().for_each(|v| crate::pooling::normalize(v)),
-        _ => {}
-    }
+    let Embedded { model, vectors, tokens } = embedded;
     let summary = super::RequestSummary { model, inputs: vectors.len(), tokens };
     Ok((axum::Extension(summary), Json(vectors)).into_response())
 }

@@ -29,6 +29,10 @@ pub struct EmbedRequest {
     pub dimensions: Option<usize>,
     pub keep_alive: Option<KeepAlive>,
     pub long_inputs: LongInputs,
+    /// Unit-length vectors asked for (TEI's `normalize`): `None` takes the
+    /// model's `normalize`; `Some(true)` normalizes a model that does not;
+    /// `Some(false)` is refused for one that does, whose raw vectors are not kept.
+    pub unit_length: Option<bool>,
 }
 
 pub struct Embedded {
@@ -37,8 +41,6 @@ pub struct Embedded {
     pub vectors: Vec<Vec<f32>>,
     /// Tokens the model processed, special tokens and prompts included.
     pub tokens: usize,
-    /// Whether the model's vectors are unit length (its `normalize`).
-    pub normalized: bool,
 }
 
 /// Texts to show as the model's tokens (TEI's `/tokenize`).
@@ -99,6 +101,8 @@ pub enum Fault {
     InvalidDimensions,
     /// An input longer than the model takes, with truncation refused.
     InputTooLong,
+    /// Vectors that are not unit length, from a model that normalizes.
+    NormalizeUnavailable,
     /// max_pending_requests are already in.
     Overloaded,
     /// A token id outside the model's vocabulary.
@@ -220,6 +224,15 @@ impl Service {
                 .param("input"),
             ));
         }
+        if request.unit_length == Some(false) && slot.config.normalize {
+            return Err(refuse(
+                RequestError::new(
+                    Fault::NormalizeUnavailable,
+                    format!("model {id:?} is configured to normalize its vectors (normalize = true); normalize: false cannot be served"),
+                )
+                .param("normalize"),
+            ));
+        }
         let _admitted = self.admit(&live).map_err(|o| refuse(RequestError::overloaded(o.limit)))?;
         let result = self.run(&live, slot, inputs, request.keep_alive, live.deadline()).await.map_err(|e| refuse(e.into()))?;
         let limit = match slot.config.long_text {
@@ -256,7 +269,10 @@ impl Service {
                 crate::pooling::truncate_dimensions(v, dims);
             }
         }
-        Ok(Embedded { model: id.to_string(), vectors, tokens, normalized: slot.config.normalize })
+        if request.unit_length == Some(true) && !slot.config.normalize {
+            vectors.iter_mut().for_each(|v| crate::pooling::normalize(v));
+        }
+        Ok(Embedded { model: id.to_string(), vectors, tokens })
     }
 
     /// Each text's tokens as the model's tokenizer makes them, with their byte
