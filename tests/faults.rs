@@ -146,7 +146,9 @@ fn sigkill_during_a_model_load_then_a_restart_serves_the_same_vectors() {
     }
     let server = Server::start(Some(&config_text), &[]);
     assert_eq!(server.embed(texts, json!({})), reference, "vectors after the killed loads differ from a clean start's");
-    // OpenVINO writes its blob in place; a cut one is refused and rewritten.
+    // OpenVINO writes its blob in place; a cut one is refused and rewritten,
+    // and eeane's lock on the cache keeps this load from mapping a blob that a
+    // killed server's engine process is still writing (that was a SIGBUS).
     println!("after the restart: {:?}", walk(cache.path()));
 }
 

@@ -130,6 +130,28 @@ fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> EngineError {
     move |e| EngineError::Model(format!("{what}: {e}"))
 }
 
+/// OpenVINO's compile cache directory, locked for one load. OpenVINO writes
+/// each blob in place and maps it on the next load. A server killed during a
+/// load leaves its engine process compiling (it finishes, then sees its input
+/// closed), and a new load that mapped the blob that process was rewriting
+/// died of SIGBUS (tests/faults.rs, on a loaded 2-core machine, 2026-12-01).
+/// The lock makes one load wait for another's blobs; the kernel drops it if
+/// the process is killed.
+struct CompileCache {
+    dir: std::path::PathBuf,
+    _lock: std::fs::File,
+}
+
+impl CompileCache {
+    fn open(dir: &Path) -> Result<Self, EngineError> {
+        let fail = |e: std::io::Error| EngineError::Runtime(format!("compile cache {}: {e}", dir.display()));
+        std::fs::create_dir_all(dir).map_err(fail)?;
+        let lock = std::fs::File::create(dir.join(".lock")).map_err(fail)?;
+        lock.lock().map_err(fail)?;
+        Ok(Self { dir: dir.to_path_buf(), _lock: lock })
+    }
+}
+
 /// Loads the model and compiles one static shape per entry of `spec.shapes`,
 /// through OpenVINO's compile cache in `spec.compile_cache`.
 fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
@@ -155,9 +177,9 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     if spec.threads > 0 {
         set(&mut core, RwPropertyKey::InferenceNumThreads, &spec.threads.to_string())?;
     }
-    if let Some(dir) = &spec.compile_cache {
-        std::fs::create_dir_all(dir).map_err(|e| EngineError::Runtime(format!("compile cache {}: {e}", dir.display())))?;
-        set(&mut core, RwPropertyKey::CacheDir, &dir.to_string_lossy())?;
+    let compile_cache = spec.compile_cache.as_deref().map(CompileCache::open).transpose()?;
+    if let Some(cache) = &compile_cache {
+        set(&mut core, RwPropertyKey::CacheDir, &cache.dir.to_string_lossy())?;
     }
 
     let path = &spec.model_path;
@@ -200,6 +222,8 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         compiled.push(Compiled { batch, seq, request });
     }
     tracing::info!(device, shapes = spec.shapes.len(), compile_ms = started.elapsed().as_millis() as u64, "openvino: compiled");
+    // The compiled blobs are written: other loads may use the cache now.
+    drop(compile_cache);
     compiled.sort_by_key(|c| (c.seq, c.batch));
 
     let mut shown = device.clone();
