@@ -116,16 +116,13 @@ enum Command {
     EngineHost,
 }
 
-/// Rust's allocations (tokenization, JSON, HTTP) go to mimalloc, whose
-/// per-thread heaps take no shared lock: with glibc's malloc limited to one
-/// arena, two threads tokenizing at once did 0.6x the texts of one (on 2
-/// cores; 16 tokenizing requests on 16 cores ran 25x slower than one), and
-/// with its default arenas a thread can still land on a busy one. The C
-/// runtimes (ONNX Runtime, OpenVINO) keep glibc's malloc, tuned below.
-// mimalloc as the global allocator is off: with it the server kept 17-22 %
-// more RSS after each unload (tests/lifecycle.rs memory_is_given_back_after_an_unload
-// fails; with glibc it passes, 2026-12-01). Turning it back on needs its freed
-// pages handed back on unload first.
+// Rust's allocations use glibc's malloc, as the C runtimes do. mimalloc (its
+// per-thread heaps take no shared lock) tokenized faster concurrently: with
+// glibc limited to one arena, two threads tokenizing at once did 0.6x the
+// texts of one on 2 cores. But as the global allocator the server kept 17-22 %
+// more RSS after each unload (tests/lifecycle.rs
+// memory_is_given_back_after_an_unload fails with it and passes without,
+// 2026-12-01). Turning it back on needs its freed pages handed back on unload.
 use mimalloc as _;
 
 fn main() -> ExitCode {
