@@ -415,6 +415,21 @@ pub struct ModelConfig {
     /// Overrides server.isolation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<Isolation>,
+    /// Set by `precision = "auto"`: the variant served is the fastest whose
+    /// vectors stay within cosine 0.9999 of the fp32 graph, measured on this
+    /// machine (src/variants.rs). `engine` then names the reference engine.
+    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub auto_precision: Option<AutoPrecision>,
+}
+
+/// Which engines `precision = "auto"` may choose among.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AutoPrecision {
+    /// The entry names no engine: every CPU engine of this build.
+    AnyEngine,
+    /// The entry names its engine: that engine's precisions only.
+    ItsEngine,
 }
 
 impl ModelConfig {
@@ -486,7 +501,7 @@ impl Serialize for ConfigPath {
 
 /// A path as a config file writes it: `{cache}/...`, `~/...`, absolute, or
 /// relative to `base` (the file's directory).
-fn resolve_path(written: &str, cache: &Path, base: &Path) -> PathBuf {
+pub(crate) fn resolve_path(written: &str, cache: &Path, base: &Path) -> PathBuf {
     if let Some(rest) = written.strip_prefix("{cache}") {
         cache.join(rest.trim_start_matches('/'))
     } else if let Some(rest) = written.strip_prefix("~/") {
@@ -560,6 +575,7 @@ impl Config {
         let mut config: Config = figment.extract().map_err(Box::new)?;
         // Which keys each entry sets itself: a Hub source fills in only the others.
         let written: Vec<serde_json::Value> = figment.extract_inner("models").unwrap_or_default();
+        config.mark_auto_precision(&written);
         config.read_sources(&written);
         config.resolve_paths();
         config.validate()?;
@@ -640,7 +656,7 @@ impl Config {
                     }
                     // OpenVINO compiles one static shape per bucket: without
                     // buckets every batch would be padded to max_tokens.
-                    if m.engine == "openvino" && !set("buckets") {
+                    if crate::engines::find(&m.engine).is_some_and(|e| e.compiles_static_shapes()) && !set("buckets") {
                         m.buckets = length_ladder(m.max_tokens);
                         let shown: Vec<String> =
                             m.buckets.iter().map(|b| format!("{{ max_tokens = {}, max_batch = {} }}", b.max_tokens, b.max_batch)).collect();
@@ -659,6 +675,23 @@ impl Config {
         }
     }
 
+    /// Entries that write `precision = "auto"`. One without an engine gets
+    /// ONNX Runtime, the fp32 reference the others are measured against.
+    fn mark_auto_precision(&mut self, written: &[serde_json::Value]) {
+        for (i, m) in self.models.iter_mut().enumerate() {
+            let Some(entry) = written.get(i) else { continue };
+            if entry.get("precision").and_then(|p| p.as_str()) != Some("auto") {
+                continue;
+            }
+            m.auto_precision = Some(if entry.get("engine").is_some() {
+                AutoPrecision::ItsEngine
+            } else {
+                m.engine = crate::variants::REFERENCE_ENGINE.into();
+                AutoPrecision::AnyEngine
+            });
+        }
+    }
+
     /// Hands each entry's keys that are not `ModelConfig`'s to its engine,
     /// which checks them once and returns them in their normal form.
     fn check_engine_options(&mut self, written: &[serde_json::Value], base: &Path) -> Result<(), ConfigError> {
@@ -669,8 +702,30 @@ impl Config {
             let entry: serde_json::Map<String, serde_json::Value> = written
                 .get(i)
                 .and_then(|w| w.as_object())
-                .map(|w| w.iter().filter(|(k, _)| !common.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect())
+                .map(|w| {
+                    w.iter()
+                        // precision = "auto" is eeane's: each variant gets the engine's own precision keys.
+                        .filter(|(k, _)| {
+                            let eeanes = common.contains(&k.as_str()) || (m.auto_precision.is_some() && *k == "precision");
+                            !eeanes
+                        })
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                })
                 .unwrap_or_default();
+            if m.auto_precision == Some(AutoPrecision::AnyEngine) {
+                // Each variant's engine checks these at its load; at least one must take them.
+                let refusals: Vec<String> =
+                    crate::engines::ENGINES.iter().filter_map(|e| e.options(&entry, &resolve).err().map(|r| format!("{}: {r}", e.name()))).collect();
+                if refusals.len() == crate::engines::ENGINES.len() && !refusals.is_empty() {
+                    return Err(ConfigError::Invalid {
+                        key: format!("models[{i}] (id {:?})", m.id),
+                        message: format!("no engine of this build takes these keys ({})", refusals.join("; ")),
+                    });
+                }
+                m.engine_options = entry;
+                continue;
+            }
             let Some(engine) = crate::engines::find(&m.engine) else { continue };
             let options = engine.options(&entry, &resolve).map_err(|message| ConfigError::Invalid {
                 key: format!("models[{i}] (id {:?})", m.id),
@@ -769,6 +824,14 @@ impl Config {
                 }
                 if m.rerank {
                     return invalid(key("rerank"), "rerank = true is for embedding models; a reranker always reranks".into());
+                }
+            }
+            if m.auto_precision.is_some() {
+                if m.kind == ModelKind::Reranker {
+                    return invalid(key("precision"), "\"auto\" compares vectors; a reranker's entry names its precision".into());
+                }
+                if !m.device.eq_ignore_ascii_case("cpu") {
+                    return invalid(key("precision"), format!("\"auto\" measures the CPU's variants; name a precision for device {:?}", m.device));
                 }
             }
             if m.long_text == LongText::Window {

@@ -4,6 +4,7 @@
 pub mod batcher;
 pub mod bench;
 pub mod config;
+pub mod corpus;
 pub mod engine_host;
 pub mod engines;
 pub mod http;
@@ -15,3 +16,4 @@ pub mod registry;
 pub mod serving;
 pub mod sync;
 pub mod tokenize;
+pub mod variants;

@@ -79,6 +79,23 @@ pub struct LoadedModel {
     pub load_ms: u64,
     /// Where the engine runs.
     pub isolation: crate::config::Placement,
+    /// For `precision = "auto"`: the variant chosen and why.
+    pub variant: Option<VariantNote>,
+}
+
+/// Which variant `precision = "auto"` serves, and the survey behind it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariantNote {
+    /// Its engine and precision ("openvino bf16").
+    pub chosen: String,
+    pub reason: String,
+    /// Its lowest cosine to the fp32 reference on the check texts.
+    pub min_cosine: Option<f64>,
+    /// Its speed over the fp32 reference, measured in the same run.
+    pub speed_vs_reference: Option<f64>,
+    /// Measured at this load (else read from the survey kept for this machine).
+    pub measured_now: bool,
+    pub measured_at_unix: u64,
 }
 
 impl LoadedModel {
@@ -137,7 +154,7 @@ impl LoadedModel {
                  head, with pooling = \"none\")"
             ))));
         }
-        Ok(Self { config: config.clone(), tokenizer, worker, dimensions, load_ms: started.elapsed().as_millis() as u64, isolation })
+        Ok(Self { config: config.clone(), tokenizer, worker, dimensions, load_ms: started.elapsed().as_millis() as u64, isolation, variant: None })
     }
 
     pub fn engine_info(&self) -> &eeane_backend_core::EngineInfo {

@@ -7,7 +7,7 @@
 //!    the baseline that sorting and buckets are measured against.
 
 mod buckets;
-mod corpus;
+
 pub mod rerank;
 
 use std::net::SocketAddr;
@@ -54,8 +54,8 @@ use crate::model::{Inputs, LoadedModel};
 use crate::serving::Service;
 use crate::tokenize::TextTokenizer;
 
+pub use crate::corpus::corpus;
 pub use buckets::{BucketFigure, ModelFigures};
-pub use corpus::corpus;
 
 /// `eeane bench --buckets`: every model in `ids` (comma-separated), bucket by bucket.
 pub async fn run_buckets(config: Config, ids: &str, min_seconds: f64) -> Result<(Vec<ModelFigures>, String), BenchError> {
@@ -155,7 +155,7 @@ fn snapshot(model: &LoadedModel) -> (u64, u64, u64) {
 /// so their ratio to these includes the engine process's pipe).
 async fn in_process(label: &'static str, name: &'static str, config: &ModelConfig, server: &Config, texts: &[String]) -> Result<(Phase, usize), BenchError> {
     let config = ModelConfig { isolation: Some(crate::config::Isolation::Thread), ..config.clone() };
-    let model = LoadedModel::load(&config, server).await?;
+    let model = crate::variants::load(&config, server).await?;
     model.embed(Arc::new(Inputs::Texts(texts[..texts.len().min(64)].to_vec())), None).await?;
     let bar = progress(label, texts.len());
     let before = snapshot(&model);

@@ -158,6 +158,9 @@ pub struct CachedModel {
     pub source: Option<String>,
     /// Has a manifest, and every file it lists is there.
     pub complete: bool,
+    /// `precision = "auto"` surveys kept in its manifest: entry id, the
+    /// variant chosen, and why (src/variants.rs writes them).
+    pub chosen_variants: Vec<(String, String, String)>,
 }
 
 pub fn cached_models(cache: &Path) -> Vec<CachedModel> {
@@ -179,7 +182,17 @@ pub fn cached_models(cache: &Path) -> Vec<CachedModel> {
                     (None, None) => s.to_string(),
                 }
             });
-            CachedModel { name: e.file_name().to_string_lossy().into_owned(), bytes: dir_bytes(&dir), source, complete }
+            let chosen_variants = manifest
+                .as_ref()
+                .and_then(|m| m["variants"].as_object())
+                .map(|surveys| {
+                    surveys
+                        .iter()
+                        .map(|(id, s)| (id.clone(), s["chosen"].as_str().unwrap_or("?").to_string(), s["reason"].as_str().unwrap_or_default().to_string()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            CachedModel { name: e.file_name().to_string_lossy().into_owned(), bytes: dir_bytes(&dir), source, complete, chosen_variants }
         })
         .collect();
     models.sort_by(|a, b| a.name.cmp(&b.name));
@@ -213,6 +226,9 @@ pub fn models_table(cache: &Path) -> String {
     for m in &cached {
         let state = if m.complete { "ready" } else { "incomplete" };
         out += &format!("{:<width$} {:>11}  {:<10} {}\n", m.name, mib(m.bytes), state, m.source.as_deref().unwrap_or("no manifest"));
+        for (id, chosen, reason) in &m.chosen_variants {
+            out += &format!("{:<width$}   precision = \"auto\" for {id:?} serves {chosen}: {reason}\n", "");
+        }
     }
     out += &hub_table();
     let missing: Vec<&str> = catalog.names().into_iter().filter(|n| !cached.iter().any(|m| m.name == *n && m.complete)).collect();

@@ -160,7 +160,7 @@ impl ModelSlot {
     /// Loads the model and returns the first lease on it.
     pub(super) async fn load(self: &Arc<Self>, config: &Config) -> Result<ModelLease, Arc<str>> {
         tracing::info!(model = %self.config.id, engine = %self.config.engine, "loading");
-        match LoadedModel::load(&self.config, config).await {
+        match crate::variants::load(&self.config, config).await {
             Ok(model) => {
                 let model = Arc::new(model);
                 let info = model.engine_info();

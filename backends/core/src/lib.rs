@@ -278,6 +278,48 @@ pub struct DeviceRuntime {
     pub device_prefix: &'static str,
 }
 
+/// What the CPU offers that decides which precisions are worth running on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuFeatures {
+    /// bf16 arithmetic in hardware (AVX512-BF16 or AMX-BF16). Without it a
+    /// runtime emulates bf16, which is slower than f32 and loses precision.
+    pub bf16: bool,
+    /// int8 dot products in hardware (AVX512-VNNI, AVX-VNNI or AMX-INT8).
+    pub int8_dot: bool,
+}
+
+/// What a graph file holds, for the precisions an engine can run it at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphKind {
+    /// A float32 graph.
+    Float32,
+    /// A quantized graph (Q/DQ or integer ops) with its own scales.
+    Int8,
+}
+
+/// One precision an engine can serve a graph at, for `precision = "auto"`:
+/// the engine keys that select it, or why it cannot run here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrecisionOffer {
+    /// The name reported in /health and the survey ("fp32", "bf16", "int8").
+    pub precision: &'static str,
+    /// The engine's keys that select it, as a model entry would write them.
+    pub keys: serde_json::Map<String, serde_json::Value>,
+    /// Why it is not offered on this machine, when it is not.
+    pub unavailable: Option<String>,
+}
+
+impl PrecisionOffer {
+    pub fn new(precision: &'static str, keys: &[(&str, &str)]) -> Self {
+        let keys = keys.iter().map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string()))).collect();
+        Self { precision, keys, unavailable: None }
+    }
+
+    pub fn unavailable(precision: &'static str, why: impl Into<String>) -> Self {
+        Self { precision, keys: Default::default(), unavailable: Some(why.into()) }
+    }
+}
+
 /// A device's name and its memory in use, as its driver reports them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeviceMemory {
@@ -339,6 +381,21 @@ pub trait Backend: Sync {
     /// Checks the model entry's keys that belong to this engine (its typed
     /// options, through `Options::check`), once, when the config is read.
     fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, paths: PathResolver) -> Result<Options, InvalidOptions>;
+
+    /// The precisions this engine can serve a graph of `kind` at on the CPU,
+    /// for `precision = "auto"`, which measures each against the fp32
+    /// reference and serves the fastest that keeps the vectors. Empty for an
+    /// engine that takes no part (a GPU-only or platform-only engine).
+    fn cpu_precisions(&self, kind: GraphKind, cpu: &CpuFeatures) -> Vec<PrecisionOffer> {
+        let _ = (kind, cpu);
+        Vec::new()
+    }
+
+    /// Whether it runs only shapes compiled ahead (one per length bucket),
+    /// so that a model without buckets needs a length ladder.
+    fn compiles_static_shapes(&self) -> bool {
+        false
+    }
 
     /// Where a model runs when its entry and the server leave it to the engine.
     fn default_isolation(&self, device: &str) -> Isolation {

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use eeane_backend_core::{
-    Backend, DeviceMemory, DeviceRuntime, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Options, PathResolver,
-    TokenBatch,
+    Backend, CpuFeatures, DeviceMemory, DeviceRuntime, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, InputShapes, InvalidOptions,
+    Options, PathResolver, PrecisionOffer, TokenBatch,
 };
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
@@ -111,6 +111,14 @@ impl Backend for OnnxRuntime {
 
     fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, InvalidOptions> {
         Options::check(entry, |_: &mut OnnxRuntimeOptions| Ok(()))
+    }
+
+    /// The graph as it is: fp32, or a quantized graph's own int8.
+    fn cpu_precisions(&self, kind: GraphKind, _cpu: &CpuFeatures) -> Vec<PrecisionOffer> {
+        match kind {
+            GraphKind::Float32 => vec![PrecisionOffer::new("fp32", &[])],
+            GraphKind::Int8 => vec![PrecisionOffer::new("int8", &[("precision", "int8")])],
+        }
     }
 }
 

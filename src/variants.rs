@@ -1,0 +1,578 @@
+//! `precision = "auto"`: a model is served by the fastest of its variants on
+//! this machine whose vectors keep within cosine 0.9999 of the fp32 graph.
+//!
+//! A variant is an engine, a precision it offers on this CPU
+//! (`Backend::cpu_precisions`) and a graph: the entry's own fp32 graph, and a
+//! quantized one beside it when the model ships one (`{stem}_int8.onnx` or
+//! Optimum's `{stem}_quantized.onnx`). The survey loads each variant as it
+//! would be served (its engine process, its buckets), embeds check texts with
+//! it and with the fp32 reference (ONNX Runtime on the fp32 graph), and times
+//! each on the same texts in interleaved rounds, keeping each one's best round
+//! (this machine's figures move 20-30 % within an hour; interleaving keeps
+//! their ratios honest). Its figures and verdicts are kept in the model's
+//! manifest.json under `variants.{id}`, or in `{cache}/variants/{id}.json`
+//! for a model without a manifest, and measured again only when the machine,
+//! the graphs or the entry's batching settings change.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use eeane_backend_core::{Backend, CpuFeatures, EngineError, GraphKind};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{AutoPrecision, Config, ModelConfig};
+use crate::model::{Inputs, LoadedModel, ModelError, Output, VariantNote};
+
+/// The engine whose fp32 run of the graph every variant is measured against.
+pub const REFERENCE_ENGINE: &str = "onnxruntime";
+
+/// A variant is served only when its lowest cosine to the reference is at least this.
+pub const MIN_COSINE: f64 = 0.9999;
+
+/// A variant replaces the reference only when it is this much faster: closer
+/// than that is within the machine's noise, and fp32 is kept.
+const FASTER_BY: f64 = 1.05;
+
+const TIMING_ROUNDS: usize = 3;
+
+/// What the survey's figures hold for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    pub cpu: String,
+    pub cores: usize,
+    pub features: CpuFeatures,
+}
+
+impl Machine {
+    pub fn detect() -> Self {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            info.lines().find(|l| l.split(':').next().is_some_and(|k| k.trim() == name)).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string())
+        };
+        let flags: Vec<String> = field("flags").unwrap_or_default().split_whitespace().map(str::to_string).collect();
+        let has = |f: &str| flags.iter().any(|x| x == f);
+        Machine {
+            cpu: field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_string()),
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            features: CpuFeatures { bf16: has("avx512_bf16") || has("amx_bf16"), int8_dot: has("avx512_vnni") || has("avx_vnni") || has("amx_int8") },
+        }
+    }
+}
+
+/// One variant the survey may serve.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub engine: &'static str,
+    pub precision: &'static str,
+    pub graph: PathBuf,
+    /// The engine's keys that select the precision, merged over the entry's own.
+    pub keys: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Candidate {
+    pub fn label(&self) -> String {
+        label(self.engine, self.precision)
+    }
+}
+
+fn label(engine: &str, precision: &str) -> String {
+    format!("{engine} {precision}")
+}
+
+/// A variant's figures and why it was or was not served.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    pub variant: String,
+    /// The graph's file name.
+    pub graph: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_cosine: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_cosine: Option<f64>,
+    /// Best of the interleaved rounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub texts_per_s: Option<f64>,
+    /// Its speed over the reference's, in the same run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speed_vs_reference: Option<f64>,
+    /// Why it could not be measured (not offered here, or its load failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_measured: Option<String>,
+}
+
+impl Measured {
+    fn keeps_the_vectors(&self) -> bool {
+        self.min_cosine.is_some_and(|c| c >= MIN_COSINE)
+    }
+}
+
+/// One entry's survey on one machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Survey {
+    pub machine: Machine,
+    /// The entry's settings that move the figures (threads, buckets, batch).
+    pub settings: String,
+    /// Each graph's file name and what identifies its contents.
+    pub graphs: BTreeMap<String, String>,
+    pub reference: String,
+    pub variants: Vec<Measured>,
+    pub chosen: String,
+    pub reason: String,
+    pub check_texts: usize,
+    pub timing_texts: usize,
+    pub measured_at_unix: u64,
+}
+
+/// The variant to serve, the fastest that keeps the vectors, and why in words.
+pub fn choose(reference: &str, measured: &[Measured]) -> (String, String) {
+    let reference_speed = measured.iter().find(|m| m.variant == reference).and_then(|m| m.texts_per_s);
+    let fastest = measured
+        .iter()
+        .filter(|m| m.keeps_the_vectors() && m.texts_per_s.is_some())
+        .max_by(|a, b| a.texts_per_s.partial_cmp(&b.texts_per_s).unwrap_or(std::cmp::Ordering::Equal));
+    let chosen = match (fastest, reference_speed) {
+        (Some(f), Some(r)) if f.variant != reference && f.texts_per_s.unwrap_or(0.0) >= r * FASTER_BY => f,
+        _ => measured.iter().find(|m| m.variant == reference).unwrap_or(&measured[0]),
+    };
+    let mut why = Vec::new();
+    if chosen.variant == reference {
+        why.push(match fastest {
+            Some(f) if f.variant != reference => format!(
+                "{reference}, the fp32 reference: the fastest variant within cosine {MIN_COSINE}, {}, is only {:.2}x as fast (under {FASTER_BY}x is noise)",
+                f.variant,
+                f.speed_vs_reference.unwrap_or(1.0)
+            ),
+            _ => format!("{reference}, the fp32 reference: no other variant is faster within cosine {MIN_COSINE}"),
+        });
+    } else {
+        why.push(format!(
+            "{}: {:.2}x the speed of {reference} at min cosine {:.6}, the fastest within {MIN_COSINE}",
+            chosen.variant,
+            chosen.speed_vs_reference.unwrap_or(1.0),
+            chosen.min_cosine.unwrap_or(0.0)
+        ));
+    }
+    let slower: Vec<String> = measured
+        .iter()
+        .filter(|m| m.keeps_the_vectors() && m.variant != chosen.variant && m.texts_per_s.is_some())
+        .map(|m| format!("{} ({:.2}x)", m.variant, m.speed_vs_reference.unwrap_or(0.0)))
+        .collect();
+    if !slower.is_empty() {
+        why.push(format!("within the gate but not faster: {}", slower.join(", ")));
+    }
+    let refused: Vec<String> = measured
+        .iter()
+        .filter(|m| m.min_cosine.is_some() && !m.keeps_the_vectors())
+        .map(|m| format!("{} (min cosine {:.6}, {:.2}x)", m.variant, m.min_cosine.unwrap_or(0.0), m.speed_vs_reference.unwrap_or(0.0)))
+        .collect();
+    if !refused.is_empty() {
+        why.push(format!("refused for drift: {}", refused.join(", ")));
+    }
+    let absent: Vec<String> = measured.iter().filter_map(|m| m.not_measured.as_ref().map(|w| format!("{} ({w})", m.variant))).collect();
+    if !absent.is_empty() {
+        why.push(format!("not measured: {}", absent.join("; ")));
+    }
+    (chosen.variant.clone(), why.join("; "))
+}
+
+/// A quantized graph beside the fp32 one, when the model ships one.
+pub fn int8_graph(fp32: &Path) -> Option<PathBuf> {
+    let stem = fp32.file_stem()?.to_str()?;
+    let dir = fp32.parent()?;
+    ["int8", "quantized"].iter().map(|suffix| dir.join(format!("{stem}_{suffix}.onnx"))).find(|p| p.is_file())
+}
+
+/// The variants of `config` this build and this CPU offer, the reference
+/// first; and those not offered, with why.
+pub fn candidates(config: &ModelConfig, cpu: &CpuFeatures) -> (Vec<Candidate>, Vec<Measured>) {
+    let fp32 = config.model.path();
+    let mut graphs = vec![(GraphKind::Float32, fp32.clone())];
+    if let Some(int8) = int8_graph(&fp32) {
+        graphs.push((GraphKind::Int8, int8));
+    }
+    let engines: Vec<&'static dyn Backend> = match config.auto_precision {
+        Some(AutoPrecision::ItsEngine) => crate::engines::find(&config.engine).into_iter().collect(),
+        _ => {
+            let mut all: Vec<&'static dyn Backend> = crate::engines::ENGINES.to_vec();
+            // The reference engine first, so that its fp32 run leads.
+            all.sort_by_key(|e| e.name() != REFERENCE_ENGINE);
+            all
+        }
+    };
+    let (mut offered, mut absent) = (Vec::new(), Vec::new());
+    for engine in engines {
+        if engine.unavailable().is_some() {
+            continue;
+        }
+        for (kind, graph) in &graphs {
+            for offer in engine.cpu_precisions(*kind, cpu) {
+                let graph_name = file_name(graph);
+                match offer.unavailable {
+                    Some(why) => absent.push(Measured {
+                        variant: label(engine.name(), offer.precision),
+                        graph: graph_name,
+                        min_cosine: None,
+                        mean_cosine: None,
+                        texts_per_s: None,
+                        speed_vs_reference: None,
+                        not_measured: Some(why),
+                    }),
+                    None => offered.push(Candidate { engine: engine.name(), precision: offer.precision, graph: graph.clone(), keys: offer.keys }),
+                }
+            }
+        }
+    }
+    (offered, absent)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// The entry as it would be written to serve `candidate`: its engine, graph
+/// and precision keys, checked by the engine as a written entry's are, and a
+/// length ladder for an engine that compiles static shapes.
+pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candidate) -> Result<ModelConfig, EngineError> {
+    let engine = crate::engines::find(candidate.engine).ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not in this build", candidate.engine)))?;
+    let mut keys = config.engine_options.clone();
+    keys.remove("precision");
+    keys.extend(candidate.keys.clone());
+    let cache = server.cache_dir();
+    let resolve = |p: &Path| crate::config::resolve_path(&p.to_string_lossy(), &cache, Path::new(""));
+    let options = engine.options(&keys, &resolve).map_err(|e| EngineError::Model(format!("{}: {e}", candidate.label())))?;
+    let mut variant = config.clone();
+    variant.engine = candidate.engine.to_string();
+    variant.model = crate::config::ConfigPath::new(&candidate.graph);
+    variant.engine_options = match options.0 {
+        serde_json::Value::Object(map) => map,
+        _ => Default::default(),
+    };
+    variant.auto_precision = None;
+    if engine.compiles_static_shapes() && variant.buckets.is_empty() {
+        variant.buckets = crate::config::length_ladder(variant.max_tokens);
+    }
+    Ok(variant)
+}
+
+fn settings(config: &ModelConfig, server: &Config) -> String {
+    let buckets: Vec<String> = config.buckets.iter().map(|b| format!("{}x{}", b.max_batch, b.max_tokens)).collect();
+    // A runtime installed since (or removed) changes which variants can load.
+    let runtimes: Vec<String> = crate::engines::ENGINES
+        .iter()
+        .filter_map(|e| server.runtimes.library(e.name(), "cpu").map(|p| format!("{} {}", e.name(), if p.is_file() { "present" } else { "absent" })))
+        .collect();
+    format!(
+        "threads {}, max_batch {}, max_batch_tokens {}, max_tokens {}, buckets [{}], isolation {:?}, engine keys {}, runtimes [{}]",
+        config.threads,
+        config.max_batch,
+        config.max_batch_tokens,
+        config.max_tokens,
+        buckets.join(" "),
+        config.isolation(&server.server),
+        serde_json::Value::Object(config.engine_options.clone()),
+        runtimes.join(", ")
+    )
+}
+
+/// What identifies a graph's contents: its manifest's sha256, else its size and time.
+fn graph_identity(path: &Path) -> String {
+    if let Some(digest) = crate::integrity::recorded_digest(path) {
+        return format!("sha256 {digest}");
+    }
+    let meta = std::fs::metadata(path).ok();
+    let modified = meta.as_ref().and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
+    format!("{} bytes, modified {modified}", meta.map_or(0, |m| m.len()))
+}
+
+/// Where the survey of `config` is kept: beside its manifest, or in the cache.
+enum Store {
+    Manifest(PathBuf),
+    File(PathBuf),
+}
+
+impl Store {
+    fn of(config: &ModelConfig, server: &Config) -> Self {
+        let manifest = config.model.path().with_file_name("manifest.json");
+        if manifest.is_file() {
+            Store::Manifest(manifest)
+        } else {
+            let safe: String = config.id.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect();
+            Store::File(server.cache_dir().join("variants").join(format!("{safe}.json")))
+        }
+    }
+
+    fn read(&self, id: &str) -> Option<Survey> {
+        match self {
+            Store::Manifest(path) => {
+                let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+                serde_json::from_value(manifest.get("variants")?.get(id)?.clone()).ok()
+            }
+            Store::File(path) => serde_json::from_slice(&std::fs::read(path).ok()?).ok(),
+        }
+    }
+
+    fn write(&self, id: &str, survey: &Survey) -> std::io::Result<()> {
+        let (path, bytes) = match self {
+            Store::Manifest(path) => {
+                let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(path)?)?;
+                let object = manifest.as_object_mut().ok_or_else(|| std::io::Error::other("manifest.json is not an object"))?;
+                let variants = object.entry("variants").or_insert_with(|| serde_json::json!({}));
+                if !variants.is_object() {
+                    *variants = serde_json::json!({});
+                }
+                variants[id] = serde_json::to_value(survey)?;
+                (path.clone(), serde_json::to_vec_pretty(&manifest)?)
+            }
+            Store::File(path) => (path.clone(), serde_json::to_vec_pretty(survey)?),
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        // Whole or not at all: a reader never sees half a manifest.
+        let partial = path.with_extension(format!("json.partial-{}", std::process::id()));
+        std::fs::write(&partial, bytes)?;
+        std::fs::rename(&partial, &path)
+    }
+}
+
+/// The surveys kept in a manifest, by entry id, for `eeane models`.
+pub fn surveys_in(manifest: &serde_json::Value) -> Vec<(String, Survey)> {
+    let Some(map) = manifest.get("variants").and_then(|v| v.as_object()) else { return Vec::new() };
+    map.iter().filter_map(|(id, s)| Some((id.clone(), serde_json::from_value(s.clone()).ok()?))).collect()
+}
+
+/// Loads the model an entry serves: for `precision = "auto"`, the chosen
+/// variant (surveyed first when no survey holds for this machine); for any
+/// other entry, the entry as written.
+pub async fn load(config: &ModelConfig, server: &Config) -> Result<LoadedModel, ModelError> {
+    if config.auto_precision.is_none() {
+        return LoadedModel::load(config, server).await;
+    }
+    if config.source.is_some() {
+        // A Hub model's files come at its first load: before any variant is looked for.
+        let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref())?;
+        let (source, cache, downloads) = (config.source.clone().unwrap_or_default(), server.cache_dir(), server.server.hub_downloads);
+        tokio::task::spawn_blocking(move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target))
+            .await
+            .map_err(|e| ModelError::Engine(EngineError::Model(format!("Hub fetch: {e}"))))??;
+    }
+    let machine = Machine::detect();
+    let (offered, absent) = candidates(config, &machine.features);
+    let store = Store::of(config, server);
+    let graphs: BTreeMap<String, String> = offered.iter().map(|c| (file_name(&c.graph), graph_identity(&c.graph))).collect();
+    let settings = settings(config, server);
+    if let Some(survey) = store.read(&config.id).filter(|s| s.machine == machine && s.graphs == graphs && s.settings == settings) {
+        if let Some(candidate) = offered.iter().find(|c| c.label() == survey.chosen) {
+            let variant = variant_config(config, server, candidate)?;
+            match LoadedModel::load(&variant, server).await {
+                Ok(mut model) => {
+                    model.variant = Some(note(&survey, false));
+                    return Ok(model);
+                }
+                Err(e) => tracing::warn!(model = %config.id, variant = %survey.chosen, "the surveyed variant failed to load ({e}); surveying again"),
+            }
+        }
+    }
+    let (survey, model) = survey(config, server, machine, offered, absent, graphs, settings).await?;
+    if let Err(e) = store.write(&config.id, &survey) {
+        tracing::warn!(model = %config.id, "cannot keep the variant survey ({e}); it runs again at the next load");
+    }
+    let mut model = model;
+    model.variant = Some(note(&survey, true));
+    Ok(model)
+}
+
+fn note(survey: &Survey, measured_now: bool) -> VariantNote {
+    let chosen = survey.variants.iter().find(|m| m.variant == survey.chosen);
+    VariantNote {
+        chosen: survey.chosen.clone(),
+        reason: survey.reason.clone(),
+        min_cosine: chosen.and_then(|m| m.min_cosine),
+        speed_vs_reference: chosen.and_then(|m| m.speed_vs_reference),
+        measured_now,
+        measured_at_unix: survey.measured_at_unix,
+    }
+}
+
+fn vectors(output: Output) -> Vec<Vec<f32>> {
+    match output {
+        Output::Vectors(v) => v,
+        Output::Scores(s) => s.into_iter().map(|x| vec![x]).collect(),
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b)).max(f64::MIN_POSITIVE)
+}
+
+/// Check texts: the corpus's varied code and prose, and one text longer than
+/// the model's window, so the longest bucket is checked too.
+fn check_texts(max_tokens: usize) -> Vec<String> {
+    let mut texts = crate::corpus::corpus(40, 20_261_202);
+    texts.push(crate::corpus::corpus(max_tokens / 4 + 8, 5).join(" "));
+    texts
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn survey(
+    config: &ModelConfig,
+    server: &Config,
+    machine: Machine,
+    offered: Vec<Candidate>,
+    absent: Vec<Measured>,
+    graphs: BTreeMap<String, String>,
+    settings: String,
+) -> Result<(Survey, LoadedModel), ModelError> {
+    let reference = offered.first().cloned().ok_or_else(|| {
+        ModelError::Engine(EngineError::Runtime(format!("precision = \"auto\": no engine of this build runs {:?} on the CPU", config.engine)))
+    })?;
+    tracing::info!(model = %config.id, variants = offered.len(), "precision = auto: measuring the variants on this machine");
+    let started = Instant::now();
+    let mut loaded: Vec<(Candidate, Result<LoadedModel, String>)> = Vec::new();
+    for candidate in offered {
+        let model = match variant_config(config, server, &candidate) {
+            Ok(variant) => LoadedModel::load(&variant, server).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if candidate == reference {
+            if let Err(e) = &model {
+                return Err(ModelError::Engine(EngineError::Model(format!("the fp32 reference ({}) could not be loaded: {e}", reference.label()))));
+            }
+        }
+        loaded.push((candidate, model));
+    }
+    let (checks, timing) = (check_texts(config.max_tokens), crate::corpus::corpus(128, 7));
+    let (check_count, timing_count) = (checks.len(), timing.len());
+    let (checks, timing) = (Arc::new(Inputs::Texts(checks)), Arc::new(Inputs::Texts(timing)));
+    let mut outputs: Vec<Option<Result<Vec<Vec<f32>>, String>>> = Vec::new();
+    for (_, model) in &loaded {
+        outputs.push(match model {
+            Ok(m) => Some(m.embed(checks.clone(), None).await.map(|i| vectors(i.output)).map_err(|e| e.to_string())),
+            Err(_) => None,
+        });
+    }
+    let want = match &outputs[0] {
+        Some(Ok(v)) => v.clone(),
+        Some(Err(e)) => return Err(ModelError::Engine(EngineError::Inference(format!("the fp32 reference failed the check texts: {e}")))),
+        None => unreachable!("the reference loaded"),
+    };
+    // Warm each, then interleaved rounds; each variant keeps its best.
+    let mut best = vec![f64::INFINITY; loaded.len()];
+    for round in 0..=TIMING_ROUNDS {
+        for (i, (_, model)) in loaded.iter().enumerate() {
+            let (Ok(m), Some(Ok(_))) = (model, &outputs[i]) else { continue };
+            let t = Instant::now();
+            if m.embed(timing.clone(), None).await.is_ok() && round > 0 {
+                best[i] = best[i].min(t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let texts = timing_count as f64;
+    let mut measured: Vec<Measured> = Vec::new();
+    for (i, (candidate, model)) in loaded.iter().enumerate() {
+        let mut m = Measured {
+            variant: candidate.label(),
+            graph: file_name(&candidate.graph),
+            min_cosine: None,
+            mean_cosine: None,
+            texts_per_s: None,
+            speed_vs_reference: None,
+            not_measured: None,
+        };
+        match (model, &outputs[i]) {
+            (Err(e), _) => m.not_measured = Some(format!("could not be loaded: {e}")),
+            (Ok(_), Some(Err(e))) => m.not_measured = Some(format!("failed the check texts: {e}")),
+            (Ok(_), Some(Ok(got))) => {
+                let cosines: Vec<f64> = got.iter().zip(&want).map(|(a, b)| cosine(a, b)).collect();
+                let finite = got.iter().flatten().all(|x| x.is_finite());
+                m.min_cosine = Some(if finite { cosines.iter().copied().fold(f64::INFINITY, f64::min) } else { f64::NAN });
+                m.mean_cosine = Some(cosines.iter().sum::<f64>() / cosines.len().max(1) as f64);
+                if best[i].is_finite() {
+                    m.texts_per_s = Some(texts / best[i]);
+                    m.speed_vs_reference = Some(best[0] / best[i]);
+                }
+            }
+            (Ok(_), None) => unreachable!("a loaded variant has its check output"),
+        }
+        measured.push(m);
+    }
+    measured.extend(absent);
+    let (chosen, reason) = choose(&reference.label(), &measured);
+    tracing::info!(model = %config.id, chosen = %chosen, seconds = started.elapsed().as_secs_f64(), "precision = auto: {reason}");
+    let survey = Survey {
+        machine,
+        settings,
+        graphs,
+        reference: reference.label(),
+        variants: measured,
+        chosen: chosen.clone(),
+        reason,
+        check_texts: check_count,
+        timing_texts: timing_count,
+        measured_at_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+    };
+    // The chosen variant stays loaded and serves; the others go.
+    let model = loaded.into_iter().find_map(|(c, m)| (c.label() == chosen).then_some(m)).and_then(Result::ok);
+    let model = model.ok_or_else(|| ModelError::Engine(EngineError::Model(format!("the chosen variant {chosen} is not loaded"))))?;
+    Ok((survey, model))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(variant: &str, min_cosine: f64, speed: f64) -> Measured {
+        Measured {
+            variant: variant.into(),
+            graph: "model.onnx".into(),
+            min_cosine: Some(min_cosine),
+            mean_cosine: Some(min_cosine),
+            texts_per_s: Some(100.0 * speed),
+            speed_vs_reference: Some(speed),
+            not_measured: None,
+        }
+    }
+
+    #[test]
+    fn the_fastest_variant_within_the_gate_is_served() {
+        let measured = [m("onnxruntime fp32", 1.0, 1.0), m("openvino fp32", 0.999999, 1.3), m("openvino bf16", 0.99997, 1.9)];
+        let (chosen, reason) = choose("onnxruntime fp32", &measured);
+        assert_eq!(chosen, "openvino bf16");
+        assert!(reason.contains("1.90x"), "{reason}");
+    }
+
+    #[test]
+    fn a_lossy_variant_is_never_served_however_fast() {
+        let measured = [m("onnxruntime fp32", 1.0, 1.0), m("onnxruntime int8", 0.99833, 3.0), m("openvino fp32", 0.999999, 1.2)];
+        let (chosen, reason) = choose("onnxruntime fp32", &measured);
+        assert_eq!(chosen, "openvino fp32");
+        assert!(reason.contains("refused for drift: onnxruntime int8 (min cosine 0.998330"), "{reason}");
+    }
+
+    #[test]
+    fn fp32_is_kept_when_nothing_else_passes_or_gains_beyond_noise() {
+        let lossy = [m("onnxruntime fp32", 1.0, 1.0), m("openvino int8", 0.99, 2.0)];
+        assert_eq!(choose("onnxruntime fp32", &lossy).0, "onnxruntime fp32");
+        let close = [m("onnxruntime fp32", 1.0, 1.0), m("openvino fp32", 0.999999, 1.03)];
+        let (chosen, reason) = choose("onnxruntime fp32", &close);
+        assert_eq!(chosen, "onnxruntime fp32");
+        assert!(reason.contains("only 1.03x"), "{reason}");
+        let mut nan = m("openvino bf16", f64::NAN, 2.0);
+        nan.min_cosine = Some(f64::NAN);
+        assert_eq!(choose("onnxruntime fp32", &[m("onnxruntime fp32", 1.0, 1.0), nan]).0, "onnxruntime fp32");
+    }
+
+    #[test]
+    fn a_variant_not_offered_says_why() {
+        let mut absent = m("openvino bf16", 0.0, 0.0);
+        absent.min_cosine = None;
+        absent.texts_per_s = None;
+        absent.not_measured = Some("this CPU has neither AVX512-BF16 nor AMX".into());
+        let (_, reason) = choose("onnxruntime fp32", &[m("onnxruntime fp32", 1.0, 1.0), absent]);
+        assert!(reason.contains("not measured: openvino bf16 (this CPU has neither"), "{reason}");
+    }
+}

