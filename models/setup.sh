@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what eeane needs on a fresh machine, idempotently and fast the second time:
 # a Python venv for model preparation (pinned in requirements.txt), the ONNX Runtime
-# library from its PyPI wheel, the default model converted to ONNX, and cmake for
+# and OpenVINO libraries from their PyPI wheels, the default model converted to ONNX, and cmake for
 # the build. EEANE_EXTRA_MODELS names more models to prepare (models/prepare.py).
 # Everything lands in the cache directory ($EEANE_CACHE_DIR, else ~/.cache/eeane).
 set -euo pipefail
@@ -84,4 +84,5 @@ for target in ${EEANE_EXTRA_MODELS:-}; do
     extra+=("$target")
   fi
 done
-"$venv/bin/python" "$here/prepare.py" --cache "$cache" onnxruntime all-minilm-l6-v2 "${extra[@]}"
+# OpenVINO's library (from the venv's wheel) too: precision = "auto" measures its variants.
+"$venv/bin/python" "$here/prepare.py" --cache "$cache" onnxruntime openvino all-minilm-l6-v2 "${extra[@]}"

@@ -90,6 +90,10 @@ pub struct ServerConfig {
     /// its weights). false: the cache only, as with HF_HUB_OFFLINE=1.
     #[serde(default = "yes")]
     pub hub_downloads: bool,
+    /// Most MiB each engine's compile cache ({cache}/compiled/ENGINE) holds:
+    /// past it, the least recently used compiled models are removed. 0: no bound.
+    #[serde(default = "default_compile_cache_mib")]
+    pub compile_cache_max_mib: u64,
     /// Seconds a client has to send a whole request head (request line and
     /// headers), counted from its first byte, or from the accept for a new
     /// connection. 0 = no limit.
@@ -282,6 +286,17 @@ pub struct Bucket {
 
 /// Buckets doubling from 32 tokens up to `max_tokens`, each about 4,096
 /// tokens a batch (between 4 and 64 rows).
+fn default_compile_cache_mib() -> u64 {
+    2048
+}
+
+impl ServerConfig {
+    /// The compile cache's bound in bytes, `None` for none.
+    pub fn compile_cache_limit(&self) -> Option<u64> {
+        (self.compile_cache_max_mib > 0).then_some(self.compile_cache_max_mib << 20)
+    }
+}
+
 pub fn length_ladder(max_tokens: usize) -> Vec<Bucket> {
     let mut ladder = Vec::new();
     let mut tokens = 32;

@@ -72,7 +72,12 @@ enum Command {
         onnx_file: Option<String>,
     },
     /// List the models in the cache with their sizes, and the known ones not pulled.
-    Models,
+    Models {
+        /// Remove stale compiled models first: those whose model file is gone,
+        /// unused for 30 days, or beyond server.compile_cache_max_mib.
+        #[arg(long)]
+        prune: bool,
+    },
     /// Measure a model's throughput four ways in one run and print the ratios.
     Bench {
         /// Model id or alias (default: the first servable model).
@@ -199,7 +204,17 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Models => {
+        Command::Models { prune } => {
+            if *prune {
+                let limit = loaded.as_ref().ok().and_then(|c| c.server.compile_cache_limit()).unwrap_or(u64::MAX);
+                match eeane::pull::prune_compiled(&cache(), limit) {
+                    Ok(line) => eprintln!("{line}"),
+                    Err(e) => {
+                        eprintln!("eeane: cannot prune the compile cache: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
             print!("{}", eeane::pull::models_table(&cache()));
             return ExitCode::SUCCESS;
         }
@@ -252,7 +267,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Pull { .. } | Command::Models | Command::EngineHost => unreachable!("handled before the config is required"),
+        Command::Pull { .. } | Command::Models { .. } | Command::EngineHost => unreachable!("handled before the config is required"),
         Command::Serve { .. } => {
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
             runtime.block_on(serve(config, cli.config.clone(), overrides()))

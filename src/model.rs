@@ -136,6 +136,7 @@ impl LoadedModel {
             forbidden_devices: server.server.forbidden_devices.clone(),
             // A reload after a keep-alive unload skips compiling (OpenVINO).
             compile_cache: Some(server.cache_dir().join("compiled").join(&config.engine)),
+            compile_cache_limit: server.server.compile_cache_limit(),
             shapes: policy.buckets.iter().map(|b| (b.max_batch, b.max_tokens)).collect(),
         };
         // A reranker's output is a score: never normalized.

@@ -16,6 +16,7 @@ fn concurrent_requests_share_batches_and_keep_their_order_and_vectors() {
     let texts = fixture_texts();
     // One text per request, one at a time: the vectors every batch must reproduce.
     let single: Vec<Vec<f32>> = texts.iter().map(|t| server.embed(json!(t), json!({})).remove(0)).collect();
+    let floor = server.fidelity_floor("all-minilm-l6-v2");
     let batches_before = server.model_health("all-minilm-l6-v2")["engine_calls"]["batches"].as_u64().unwrap();
     let handles: Vec<_> = (0..16)
         .map(|c| {
@@ -44,7 +45,7 @@ fn concurrent_requests_share_batches_and_keep_their_order_and_vectors() {
             assert_eq!(vectors.len(), order.len());
             for (v, &i) in vectors.iter().zip(&order) {
                 let c = cosine(v, &as_f64(&single[i]));
-                assert!(c >= 0.99999, "text {i}: cosine {c} between its batched and single vectors (order kept?)");
+                assert!(c >= floor, "text {i}: cosine {c} between its batched and single vectors (order kept?)");
                 worst = worst.min(c);
             }
         }
@@ -78,7 +79,7 @@ fn small_requests_complete_while_a_huge_one_runs() {
     }
     let (big_done, vectors) = big.join().unwrap();
     assert_eq!(vectors.len(), 2048);
-    assert!(cosine(&vectors[0], &as_f64(&expected_first)) >= 0.99999);
+    assert!(cosine(&vectors[0], &as_f64(&expected_first)) >= server.fidelity_floor("all-minilm-l6-v2"));
     let slowest = small_done.iter().map(|(_, d)| *d).max().unwrap();
     println!("small requests during a 2048-text request: slowest {:.0} ms", slowest.as_secs_f64() * 1e3);
     assert!(small_done.iter().all(|(done, _)| *done < big_done), "every small request finished before the huge one");

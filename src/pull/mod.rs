@@ -284,6 +284,22 @@ fn snapshot_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// `eeane models --prune`: each engine's compile cache without its stale
+/// entries (model file gone, unused for 30 days, beyond `limit` bytes); a line
+/// saying what went.
+pub fn prune_compiled(cache: &Path, limit: u64) -> std::io::Result<String> {
+    let month = std::time::Duration::from_secs(30 * 24 * 3600);
+    let (mut count, mut bytes) = (0, 0);
+    let Ok(engines) = std::fs::read_dir(cache.join("compiled")) else { return Ok("compile cache: empty".into()) };
+    for engine in engines.flatten().filter(|e| e.path().is_dir()) {
+        for removed in eeane_backend_core::compile_cache::prune(&engine.path(), limit, month)? {
+            count += 1;
+            bytes += removed.bytes;
+        }
+    }
+    Ok(format!("compile cache: removed {count} stale entries, {}", mib(bytes)))
+}
+
 /// The text `eeane pull --list` prints.
 pub fn catalog_table() -> String {
     let catalog = Catalog::builtin();

@@ -186,6 +186,18 @@ impl Server {
     }
 
     /// The /health entry of model `id`.
+    /// The least cosine a loaded model's vectors must keep to the fp32
+    /// reference, and between forms of the same request: 0.99999 for an fp32
+    /// variant; for a reduced precision that `precision = "auto"` chose on
+    /// this machine (bf16 where the CPU has it), the gate it passed, 0.9999.
+    pub fn fidelity_floor(&self, id: &str) -> f64 {
+        let health = self.model_health(id);
+        match health["variant"]["chosen"].as_str() {
+            Some(chosen) if !chosen.ends_with("fp32") => 0.9999,
+            _ => 0.99999,
+        }
+    }
+
     pub fn model_health(&self, id: &str) -> Value {
         let (_, health) = self.get("/health");
         health["models"].as_array().unwrap().iter().find(|m| m["id"] == id).cloned().unwrap_or(Value::Null)

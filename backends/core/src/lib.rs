@@ -6,6 +6,8 @@
 //! process of its own by default) and feeds it through a channel or a pipe, so
 //! the types that cross are serializable. Unloading is dropping it.
 
+pub mod compile_cache;
+
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -110,6 +112,10 @@ pub struct EngineSpec {
     pub forbidden_devices: Vec<String>,
     /// A directory where the engine may keep compiled models between loads.
     pub compile_cache: Option<PathBuf>,
+    /// The most bytes that directory may hold; an engine that writes there
+    /// removes its least recently used entries beyond it (`compile_cache::evict`).
+    #[serde(default)]
+    pub compile_cache_limit: Option<u64>,
     /// The model's length buckets as `(batch, seq)`, ascending: engines that
     /// compile static shapes compile these; dynamic engines ignore them.
     pub shapes: Vec<(usize, usize)>,

@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use eeane_backend_core::{
-    Backend, CpuFeatures, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, InputShapes, InvalidOptions, Options, PathResolver,
-    PrecisionOffer, TokenBatch,
+    compile_cache, Backend, CpuFeatures, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, InputShapes, InvalidOptions, Options,
+    PathResolver, PrecisionOffer, TokenBatch,
 };
 use openvino::{Core, DeviceType, Dimension, ElementType, InferRequest, PartialShape, RwPropertyKey, Shape, Tensor};
 
@@ -42,6 +42,22 @@ pub enum Precision {
 pub struct OpenVinoOptions {
     #[serde(default)]
     pub precision: Precision,
+    #[serde(default)]
+    pub compile_cache: CacheMode,
+}
+
+/// What a compiled model in the compile cache holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheMode {
+    /// The compiled graph without its weights, which are mapped from the model
+    /// file at each load (OpenVINO's OPTIMIZE_SIZE). all-MiniLM-L6-v2, six
+    /// buckets: 2.2 MiB against 518 MiB, and a cached load 1.0 s slower
+    /// (2.7 s against 1.7 s, 2-core EPYC, 2026-12-02; docs/performance.md).
+    #[default]
+    Size,
+    /// The compiled graph with its weights, once per bucket (OPTIMIZE_SPEED).
+    Speed,
 }
 
 impl Backend for OpenVino {
@@ -152,28 +168,6 @@ fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> EngineError {
     move |e| EngineError::Model(format!("{what}: {e}"))
 }
 
-/// OpenVINO's compile cache directory, locked for one load. OpenVINO writes
-/// each blob in place and maps it on the next load. A server killed during a
-/// load leaves its engine process compiling (it finishes, then sees its input
-/// closed), and a new load that mapped the blob that process was rewriting
-/// died of SIGBUS (tests/faults.rs, on a loaded 2-core machine, 2026-12-01).
-/// The lock makes one load wait for another's blobs; the kernel drops it if
-/// the process is killed.
-struct CompileCache {
-    dir: std::path::PathBuf,
-    _lock: std::fs::File,
-}
-
-impl CompileCache {
-    fn open(dir: &Path) -> Result<Self, EngineError> {
-        let fail = |e: std::io::Error| EngineError::Runtime(format!("compile cache {}: {e}", dir.display()));
-        std::fs::create_dir_all(dir).map_err(fail)?;
-        let lock = std::fs::File::create(dir.join(".lock")).map_err(fail)?;
-        lock.lock().map_err(fail)?;
-        Ok(Self { dir: dir.to_path_buf(), _lock: lock })
-    }
-}
-
 /// Loads the model and compiles one static shape per entry of `spec.shapes`,
 /// through OpenVINO's compile cache in `spec.compile_cache`.
 fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
@@ -199,9 +193,27 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     if spec.threads > 0 {
         set(&mut core, RwPropertyKey::InferenceNumThreads, &spec.threads.to_string())?;
     }
-    let compile_cache = spec.compile_cache.as_deref().map(CompileCache::open).transpose()?;
+    let shapes: Vec<String> = spec.shapes.iter().map(|(b, s)| format!("{b}x{s}")).collect();
+    let cache_mode = match options.compile_cache {
+        CacheMode::Size => "OPTIMIZE_SIZE",
+        CacheMode::Speed => "OPTIMIZE_SPEED",
+    };
+    // One folder per compiled model, locked while its blobs are written: a
+    // blob rewritten in place while another load mapped it killed that load
+    // with SIGBUS (a server killed mid-load leaves its engine compiling).
+    let compile_cache = match spec.compile_cache.as_deref() {
+        Some(root) => {
+            let name = compile_cache::folder_name(&spec.model_path, &[hint, &device, &shapes.join(","), cache_mode, &version]);
+            Some(
+                compile_cache::CacheFolder::open(root, &name, &spec.model_path)
+                    .map_err(|e| EngineError::Runtime(format!("compile cache {}: {e}", root.display())))?,
+            )
+        }
+        None => None,
+    };
     if let Some(cache) = &compile_cache {
         set(&mut core, RwPropertyKey::CacheDir, &cache.dir.to_string_lossy())?;
+        set(&mut core, RwPropertyKey::CacheMode, cache_mode)?;
     }
 
     let path = &spec.model_path;
@@ -248,7 +260,18 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         compiled.push(Compiled { batch, seq, request });
     }
     tracing::info!(device, shapes = spec.shapes.len(), compile_ms = started.elapsed().as_millis() as u64, "openvino: compiled");
-    // The compiled blobs are written: other loads may use the cache now.
+    // The compiled blobs are written: other loads may use the folder now,
+    // and the cache keeps to its bound.
+    if let (Some(folder), Some(root), Some(limit)) = (&compile_cache, spec.compile_cache.as_deref(), spec.compile_cache_limit) {
+        match compile_cache::evict(root, limit, Some(&folder.dir)) {
+            Ok(removed) if !removed.is_empty() => {
+                let bytes: u64 = removed.iter().map(|e| e.bytes).sum();
+                tracing::info!(removed = removed.len(), mib = bytes >> 20, "openvino: compile cache over its bound; least recently used removed");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("openvino: compile cache eviction failed: {e}"),
+        }
+    }
     drop(compile_cache);
     compiled.sort_by_key(|c| (c.seq, c.batch));
 
