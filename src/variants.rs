@@ -256,6 +256,9 @@ pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candida
     Ok(variant)
 }
 
+/// The entry's settings that move the figures. Not its isolation: the pipe
+/// to an engine process costs every variant alike, and `eeane bench` runs
+/// the same entry both in process and behind the server.
 fn settings(config: &ModelConfig, server: &Config) -> String {
     let buckets: Vec<String> = config.buckets.iter().map(|b| format!("{}x{}", b.max_batch, b.max_tokens)).collect();
     // A runtime installed since (or removed) changes which variants can load.
@@ -264,13 +267,12 @@ fn settings(config: &ModelConfig, server: &Config) -> String {
         .filter_map(|e| server.runtimes.library(e.name(), "cpu").map(|p| format!("{} {}", e.name(), if p.is_file() { "present" } else { "absent" })))
         .collect();
     format!(
-        "threads {}, max_batch {}, max_batch_tokens {}, max_tokens {}, buckets [{}], isolation {:?}, engine keys {}, runtimes [{}]",
+        "threads {}, max_batch {}, max_batch_tokens {}, max_tokens {}, buckets [{}], engine keys {}, runtimes [{}]",
         config.threads,
         config.max_batch,
         config.max_batch_tokens,
         config.max_tokens,
         buckets.join(" "),
-        config.isolation(&server.server),
         serde_json::Value::Object(config.engine_options.clone()),
         runtimes.join(", ")
     )
@@ -382,6 +384,15 @@ pub async fn load(config: &ModelConfig, server: &Config) -> Result<LoadedModel, 
     let mut model = model;
     model.variant = Some(note(&survey, true));
     Ok(model)
+}
+
+/// The entry as the chosen variant's (engine, graph and precision written
+/// out), surveying first if need be: `eeane bench` runs every phase on it.
+pub async fn chosen_entry(config: &ModelConfig, server: &Config) -> Result<ModelConfig, ModelError> {
+    if config.auto_precision.is_none() {
+        return Ok(config.clone());
+    }
+    Ok(load(config, server).await?.config.clone())
 }
 
 fn note(survey: &Survey, measured_now: bool) -> VariantNote {

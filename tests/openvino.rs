@@ -148,6 +148,60 @@ fn a_reload_after_unload_compiles_from_the_cache() {
     println!("openvino e5-small-enpt-int8 IR, 2 buckets: load with a cold compile cache {cold_ms} ms, reload after unload (cache warm) {warm_ms} ms; {blobs} cached blobs");
 }
 
+/// The compile cache keeps weightless blobs, one folder per compiled model,
+/// and its bound removes the least recently used folder, never the one just loaded.
+#[test]
+fn the_compile_cache_is_small_and_bounded() {
+    let cache = tempfile::tempdir().unwrap();
+    let entry = |id: &str, buckets: &str, extra: &str| {
+        let dir = minilm_dir();
+        format!(
+            "[[models]]\nid = \"{id}\"\nengine = \"openvino\"\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\nbuckets = {buckets}\n{extra}\n",
+            dir.join("model.onnx").display(),
+            dir.join("tokenizer.json").display()
+        )
+    };
+    let config = format!(
+        "[server]\ncache_dir = \"{}\"\ncompile_cache_max_mib = 1\n[runtimes]\nopenvino = \"{}\"\nonnxruntime = \"{}\"\n{}{}{}",
+        cache.path().display(),
+        common::cache_dir().join("runtimes/openvino/libopenvino_c.so").display(),
+        common::cache_dir().join("runtimes/onnxruntime/libonnxruntime.so").display(),
+        entry("small", "[{ max_tokens = 64, max_batch = 16 }, { max_tokens = 256, max_batch = 8 }]", ""),
+        entry("other", "[{ max_tokens = 32, max_batch = 16 }, { max_tokens = 256, max_batch = 8 }]", ""),
+        entry("speed", "[{ max_tokens = 64, max_batch = 16 }, { max_tokens = 256, max_batch = 8 }]", "compile_cache = \"speed\""),
+    );
+    let server = Server::start(Some(&config), &[]);
+    let compiled = cache.path().join("compiled/openvino");
+    let folders = || -> Vec<(String, u64)> {
+        let mut f: Vec<(String, u64)> = std::fs::read_dir(&compiled)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), common::dir_bytes(&e.path())))
+            .collect();
+        f.sort();
+        f
+    };
+    let model_bytes = std::fs::metadata(minilm_dir().join("model.onnx")).unwrap().len();
+    let texts = vec!["hello".to_string()];
+    let want = embed(&server, "small", &texts);
+    let first = folders();
+    assert_eq!(first.len(), 1, "{first:?}");
+    println!("weightless compile cache, 2 buckets: {} bytes (the model: {model_bytes})", first[0].1);
+    assert!(first[0].1 * 10 < model_bytes, "a weightless blob carries the weights: {first:?}");
+    // A second compiled model over the bound: the first (least recently used) goes.
+    embed(&server, "other", &texts);
+    let second = folders();
+    assert_eq!(second.len(), 1, "the bound left {second:?}");
+    assert_ne!(second[0].0, first[0].0, "the folder just compiled stays, the older one goes");
+    // Blobs with their weights, for comparison: bigger, the same vectors.
+    let fast = embed(&server, "speed", &texts);
+    let speed = folders();
+    println!("with weights (compile_cache = \"speed\"), 2 buckets: {} bytes", speed[0].1);
+    assert!(speed[0].1 > model_bytes, "{speed:?}");
+    assert_eq!(fast, want);
+}
+
 #[test]
 fn a_missing_openvino_library_fails_only_its_models() {
     let config = format!(

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineSpec, InputShapes, TokenBatch};
 use tokio::sync::oneshot;
 
-pub use plan::{BatchPolicy, Bucket, Order, Planned, Pool};
+pub use plan::{BatchPolicy, Bucket, FillWait, Order, Planned, Pool};
 
 use crate::config::Pooling;
 use crate::engine_host::{HostedEngine, HostedModel};
@@ -360,8 +360,17 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
     let mut idle: Vec<usize> = (0..devices.len()).rev().collect();
     let mut next_id = 0u64;
     let mut shutting_down = false;
+    let mut fill = FillWait::default();
+    let mut sent_at: Vec<Option<Instant>> = vec![None; devices.len()];
+    let mut fill_wait: Option<Duration> = None;
     loop {
-        let event = if !shutting_down && !idle.is_empty() && !pool.is_empty() {
+        let event = if let Some(wait) = fill_wait.take() {
+            match inbox.recv_timeout(wait) {
+                Ok(event) => Some(event),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        } else if !shutting_down && !idle.is_empty() && !pool.is_empty() {
             inbox.try_recv().ok()
         } else if shutting_down && idle.len() == devices.len() {
             break;
@@ -381,7 +390,8 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
             }
             Some(Event::Done { device, items, result }) => {
                 idle.push(device);
-                deliver(&mut active, &mut pool, items, result);
+                let answered = deliver(&mut active, &mut pool, items, result);
+                fill.answered(answered, sent_at[device].take().map_or(Duration::ZERO, |t| t.elapsed()));
                 continue;
             }
             Some(Event::Shutdown) => {
@@ -398,6 +408,13 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
             }
             keep
         });
+        if !shutting_down && !idle.is_empty() {
+            let queued = active.values().filter(|a| !a.started).count();
+            if let Some(wait) = fill.wait(queued, Instant::now()) {
+                fill_wait = Some(wait);
+                continue;
+            }
+        }
         while let Some(&device) = idle.last() {
             let Some(mut planned) = pool.next_batch(&pipeline.policy) else { break };
             planned.items.retain(|(id, _)| match active.get_mut(id) {
@@ -417,6 +434,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
                 deliver(&mut active, &mut pool, planned.items, Err(EngineError::Runtime("the engine thread has stopped".into())));
                 continue;
             }
+            sent_at[device] = Some(Instant::now());
             idle.pop();
         }
         stats.waiting_sequences.store(pool.waiting() as u64, Ordering::Relaxed);
@@ -425,8 +443,10 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
     drop(devices);
 }
 
-/// Hands a finished batch's vectors to their jobs, and answers jobs that are complete.
-fn deliver(active: &mut HashMap<u64, Active>, pool: &mut Pool, items: Vec<(u64, usize)>, result: Result<Vec<Vec<f32>>, EngineError>) {
+/// Hands a finished batch's vectors to their jobs, and answers jobs that are
+/// complete; how many it answered.
+fn deliver(active: &mut HashMap<u64, Active>, pool: &mut Pool, items: Vec<(u64, usize)>, result: Result<Vec<Vec<f32>>, EngineError>) -> usize {
+    let mut answered = 0;
     match result {
         Ok(vectors) => {
             for ((id, index), vector) in items.into_iter().zip(vectors) {
@@ -437,6 +457,7 @@ fn deliver(active: &mut HashMap<u64, Active>, pool: &mut Pool, items: Vec<(u64, 
                 if a.left == 0 {
                     if let Some(done) = active.remove(&id) {
                         let _ = done.job.reply.send(Ok(done.vectors));
+                        answered += 1;
                     }
                 }
             }
@@ -446,10 +467,12 @@ fn deliver(active: &mut HashMap<u64, Active>, pool: &mut Pool, items: Vec<(u64, 
                 if let Some(failed) = active.remove(&id) {
                     pool.remove(id);
                     let _ = failed.job.reply.send(Err(e.clone()));
+                    answered += 1;
                 }
             }
         }
     }
+    answered
 }
 
 fn token_batch(pipeline: &Pipeline, active: &HashMap<u64, Active>, planned: &Planned, stats: &WorkerStats) -> TokenBatch {

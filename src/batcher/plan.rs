@@ -12,6 +12,7 @@
 //! the order they came, padded to the longest of each batch.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 pub use crate::config::{BatchOrder as Order, Bucket};
 
@@ -229,8 +230,77 @@ impl Pool {
     }
 }
 
+/// How long an idle device waits for a batch to fill before it runs what has
+/// arrived. When a batch's answers go out, the clients that sent them tend to
+/// send again within a millisecond or so (Open WebUI: one text a request, many
+/// at once); running the first that arrives alone leaves the others for the
+/// next call, and batches swing between one row and many. So after answering
+/// `answered` jobs the device waits for as many to queue, but never longer
+/// than a quarter of its last call (capped at `FILL_WAIT_CAP`); a server
+/// that answered nothing recently (an idle one) never waits.
+#[derive(Debug, Clone, Default)]
+pub struct FillWait {
+    /// Jobs answered by the last call; as many are expected back.
+    expected: usize,
+    last_call: Duration,
+    until: Option<Instant>,
+}
+
+/// The longest a device waits for a batch to fill.
+pub const FILL_WAIT_CAP: Duration = Duration::from_millis(20);
+
+impl FillWait {
+    /// A call that took `took` answered `answered` jobs.
+    pub fn answered(&mut self, answered: usize, took: Duration) {
+        self.expected = answered;
+        self.last_call = took;
+        self.until = None;
+    }
+
+    /// With `queued` jobs waiting at `now`: how long to wait for more before
+    /// planning a batch, or `None` to plan now.
+    pub fn wait(&mut self, queued: usize, now: Instant) -> Option<Duration> {
+        if queued == 0 || queued >= self.expected {
+            self.until = None;
+            return None;
+        }
+        let until = *self.until.get_or_insert_with(|| now + (self.last_call / 4).min(FILL_WAIT_CAP));
+        if now >= until {
+            // Waited enough: run what came; wait again only after the next answers.
+            self.expected = 0;
+            self.until = None;
+            return None;
+        }
+        Some(until - now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_idle_server_never_waits_to_fill_a_batch() {
+        let mut wait = FillWait::default();
+        let now = Instant::now();
+        assert_eq!(wait.wait(1, now), None, "nothing answered yet: run at once");
+        wait.answered(1, Duration::from_millis(200));
+        assert_eq!(wait.wait(1, now), None, "one answered, one back: run at once");
+    }
+
+    #[test]
+    fn after_answering_many_a_device_waits_a_bounded_moment_for_them() {
+        let mut wait = FillWait::default();
+        let now = Instant::now();
+        wait.answered(32, Duration::from_millis(40));
+        assert_eq!(wait.wait(3, now), Some(Duration::from_millis(10)), "a quarter of the last call");
+        assert_eq!(wait.wait(20, now + Duration::from_millis(4)), Some(Duration::from_millis(6)), "the same deadline");
+        assert_eq!(wait.wait(32, now + Duration::from_millis(5)), None, "all back: run");
+        wait.answered(32, Duration::from_secs(2));
+        assert_eq!(wait.wait(1, now), Some(FILL_WAIT_CAP), "never longer than the cap");
+        assert_eq!(wait.wait(1, now + FILL_WAIT_CAP), None, "the deadline passed: run what came");
+        assert_eq!(wait.wait(1, now + FILL_WAIT_CAP), None, "and no second wait before the next answers");
+        assert_eq!(wait.wait(0, now), None, "nothing queued: nothing to wait for");
+    }
     use super::*;
 
     fn policy(buckets: &[(usize, usize)], order: Order) -> BatchPolicy {

@@ -155,7 +155,7 @@ fn snapshot(model: &LoadedModel) -> (u64, u64, u64) {
 /// so their ratio to these includes the engine process's pipe).
 async fn in_process(label: &'static str, name: &'static str, config: &ModelConfig, server: &Config, texts: &[String]) -> Result<(Phase, usize), BenchError> {
     let config = ModelConfig { isolation: Some(crate::config::Isolation::Thread), ..config.clone() };
-    let model = crate::variants::load(&config, server).await?;
+    let model = LoadedModel::load(&config, server).await?;
     model.embed(Arc::new(Inputs::Texts(texts[..texts.len().min(64)].to_vec())), None).await?;
     let bar = progress(label, texts.len());
     let before = snapshot(&model);
@@ -305,6 +305,8 @@ pub async fn run(config: Config, options: BenchOptions) -> Result<Report, BenchE
         }
     }
     .clone();
+    // precision = "auto": every phase runs the variant the server would serve.
+    let model = crate::variants::chosen_entry(&model, &config).await?;
     let texts = Arc::new(match &options.corpus {
         Some(path) => corpus_file(path, options.texts)?,
         None => corpus(options.texts, options.seed),

@@ -1,0 +1,275 @@
+"""eeane against its CPU peers, interleaved in one run, on one ONNX file.
+
+Rows, each measured in every round, in turn (this machine's figures move
+20-30 % within an hour; interleaving keeps the ratios honest), best round kept:
+- the limit: Python onnxruntime in process on the same model.onnx, batches of
+  32 sorted by length, tokenization outside the timer;
+- eeane, one model entry per precision it offers here (ONNX Runtime fp32,
+  OpenVINO f32, OpenVINO bf16 where the CPU has bf16) and the default,
+  precision = "auto";
+- TEI, when --tei-router names a text-embeddings-router binary (built from
+  TEI's source with its `ort` feature; nothing here builds it).
+
+Each server row: bulk (32 texts a request, 8 clients), one text a request
+(32 at once), and the p50 latency of one text on the idle server. Requests
+go to /v1/embeddings with base64 vectors on both servers, so the client
+decodes the same bytes for each.
+
+Usage (the venv models/setup.sh makes has onnxruntime and tokenizers):
+  ~/.cache/eeane/venv/bin/python tests/peer/cpu_peers.py \\
+      --eeane target/release/eeane [--tei-router PATH --tei-ort-lib DIR] [--json OUT]
+"""
+import argparse
+import base64
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+CACHE = Path(os.environ.get("EEANE_CACHE_DIR", Path.home() / ".cache/eeane"))
+MODEL_DIR = CACHE / "models/all-minilm-l6-v2"
+MAX_TOKENS = 256
+BUCKETS = """buckets = [
+  { max_tokens = 24, max_batch = 64 },
+  { max_tokens = 40, max_batch = 64 },
+  { max_tokens = 64, max_batch = 32 },
+  { max_tokens = 96, max_batch = 32 },
+  { max_tokens = 160, max_batch = 32 },
+]"""
+
+
+def corpus(n):
+    """Paragraphs of Python's standard library (code, docstrings, comments), 80-1200 characters, in a fixed order."""
+    texts = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        for paragraph in path.read_text(errors="replace").split("\n\n"):
+            paragraph = paragraph.strip("\n")
+            if 80 <= len(paragraph) <= 1200:
+                texts.append(paragraph)
+            if len(texts) == n:
+                return texts
+    return texts
+
+
+def cpu_has_bf16():
+    flags = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
+    return "avx512_bf16" in flags.split() or "amx_bf16" in flags.split()
+
+
+class Limit:
+    """The in-process limit: onnxruntime on the same file, sorted batches of 32."""
+
+    def __init__(self, texts):
+        tok = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+        tok.enable_truncation(MAX_TOKENS)
+        tok.no_padding()
+        encoded = sorted((e.ids for e in tok.encode_batch(texts)), key=len)
+        self.batches = []
+        for i in range(0, len(encoded), 32):
+            rows = encoded[i:i + 32]
+            seq = max(map(len, rows))
+            ids = np.zeros((len(rows), seq), np.int64)
+            mask = np.zeros((len(rows), seq), np.int64)
+            for r, row in enumerate(rows):
+                ids[r, :len(row)] = row
+                mask[r, :len(row)] = 1
+            self.batches.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
+        self.session = ort.InferenceSession(str(MODEL_DIR / "model.onnx"), providers=["CPUExecutionProvider"])
+        self.texts = len(texts)
+
+    def run(self):
+        started = time.perf_counter()
+        for feed in self.batches:
+            hidden = self.session.run(None, feed)[0]
+            mask = feed["attention_mask"][..., None]
+            pooled = (hidden * mask).sum(1) / mask.sum(1)
+            pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+        return self.texts / (time.perf_counter() - started)
+
+
+def post(conn, path, body, headers=None):
+    conn.request("POST", path, json.dumps(body), {"content-type": "application/json", **(headers or {})})
+    r = conn.getresponse()
+    data = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"{path}: HTTP {r.status}: {data[:300]!r}")
+    return json.loads(data)
+
+
+def vectors(answer):
+    return [np.frombuffer(base64.b64decode(d["embedding"]), dtype=np.float32) for d in answer["data"]]
+
+
+def load_rate(port, model, texts, per_request, clients):
+    chunks = [texts[i:i + per_request] for i in range(0, len(texts), per_request)]
+    next_chunk, lock, errors = [0], threading.Lock(), []
+
+    def client():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        while True:
+            with lock:
+                i = next_chunk[0]
+                next_chunk[0] += 1
+            if i >= len(chunks):
+                return
+            try:
+                answer = post(conn, "/v1/embeddings", {"input": chunks[i], "model": model, "encoding_format": "base64"})
+                assert len(answer["data"]) == len(chunks[i])
+            except Exception as e:  # noqa: BLE001 - reported after the phase
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - started
+    if errors:
+        raise RuntimeError(f"{model}: {errors[0]}")
+    return len(texts) / seconds
+
+
+def idle_p50(port, model, texts, n=40):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    latencies = []
+    for text in texts[:n]:
+        started = time.perf_counter()
+        post(conn, "/v1/embeddings", {"input": [text], "model": model, "encoding_format": "base64"})
+        latencies.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(latencies)
+
+
+def wait_ready(port, model, proc, limit=600):
+    started = time.time()
+    while time.time() - started < limit:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server for {model} exited ({proc.returncode})")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            post(conn, "/v1/embeddings", {"input": ["ready?"], "model": model, "encoding_format": "base64"})
+            return
+        except (ConnectionError, OSError, RuntimeError):
+            time.sleep(0.5)
+    raise RuntimeError(f"{model} not ready after {limit} s")
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--eeane", required=True, help="the eeane binary")
+    parser.add_argument("--tei-router", help="a text-embeddings-router binary (TEI), built from source with its ort feature")
+    parser.add_argument("--tei-ort-lib", help="the directory holding the libonnxruntime.so.1 that binary links")
+    parser.add_argument("--texts", type=int, default=1536)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args()
+
+    texts = corpus(args.texts)
+    work = Path(tempfile.mkdtemp(prefix="eeane-peers-"))
+    entry = lambda id, lines: (f'[[models]]\nid = "{id}"\nmodel = "{MODEL_DIR}/model.onnx"\ntokenizer = "{MODEL_DIR}/tokenizer.json"\n'
+                               f'pooling = "mean"\nmax_tokens = {MAX_TOKENS}\nload_policy = "resident"\n{BUCKETS}\n{lines}\n')
+    eeane_models = {"eeane auto (the default)": ("auto", 'precision = "auto"'),
+                    "eeane ONNX Runtime fp32": ("ort-fp32", 'engine = "onnxruntime"'),
+                    "eeane OpenVINO f32": ("ov-f32", 'engine = "openvino"\nprecision = "f32"')}
+    if cpu_has_bf16():
+        eeane_models["eeane OpenVINO bf16"] = ("ov-bf16", 'engine = "openvino"\nprecision = "bf16"')
+    port = free_port()
+    config = f"[server]\nport = {port}\nkeep_alive = -1\ncoalesce_requests = false\n\n" + "\n".join(entry(i, l) for i, l in eeane_models.values())
+    (work / "eeane.toml").write_text(config)
+    servers = [subprocess.Popen([args.eeane, "--config", str(work / "eeane.toml"), "serve"], stdout=subprocess.DEVNULL,
+                                stderr=open(work / "eeane.log", "w"))]
+    targets = [(label, port, model) for label, (model, _) in eeane_models.items()]
+    if args.tei_router:
+        tei_port = free_port()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        if args.tei_ort_lib:
+            env["LD_LIBRARY_PATH"] = args.tei_ort_lib
+        servers.append(subprocess.Popen([args.tei_router, "--model-id", str(MODEL_DIR), "--pooling", "mean", "--hostname", "127.0.0.1",
+                                         "--port", str(tei_port), "--prometheus-port", str(free_port())],
+                                        stdout=open(work / "tei.log", "w"), stderr=subprocess.STDOUT, env=env))
+        targets.append(("TEI 1.9.3, ONNX Runtime backend", tei_port, "all-minilm-l6-v2"))
+    try:
+        for label, p, model in targets:
+            wait_ready(p, model, servers[0] if p == port else servers[-1])
+        # Same vectors: every row embeds the same text to within cosine 0.9999 of the limit's.
+        probe = texts[:8]
+        limit = Limit(texts)
+        want = []
+        for t in probe:
+            one = Limit([t])
+            h = one.session.run(None, one.batches[0])[0]
+            m = one.batches[0]["attention_mask"][..., None]
+            v = ((h * m).sum(1) / m.sum(1))[0]
+            want.append(v / np.linalg.norm(v))
+        fidelity = {}
+        for label, p, model in targets:
+            got = vectors(post(http.client.HTTPConnection("127.0.0.1", p, timeout=60), "/v1/embeddings",
+                               {"input": probe, "model": model, "encoding_format": "base64"}))
+            fidelity[label] = min(float(a @ b / np.linalg.norm(a)) for a, b in zip(got, want))
+
+        best = {"limit": 0.0}
+        for label, *_ in targets:
+            best[label] = {"bulk": 0.0, "single": 0.0}
+        for r in range(args.rounds):
+            best["limit"] = max(best["limit"], limit.run())
+            print(f"round {r + 1}: limit {best['limit']:.1f} texts/s", file=sys.stderr)
+            for label, p, model in targets:
+                bulk = load_rate(p, model, texts, 32, 8)
+                single = load_rate(p, model, texts, 1, 32)
+                best[label]["bulk"] = max(best[label]["bulk"], bulk)
+                best[label]["single"] = max(best[label]["single"], single)
+                print(f"round {r + 1}: {label}: bulk {bulk:.1f}, one text a request {single:.1f} texts/s", file=sys.stderr)
+        for label, p, model in targets:
+            best[label]["idle_p50_ms"] = idle_p50(p, model, texts)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", "/health")
+        health = json.loads(conn.getresponse().read())
+        auto = next(m for m in health["models"] if m["id"] == "auto")
+    finally:
+        for s in servers:
+            s.terminate()
+        for s in servers:
+            s.wait()
+
+    lim = best["limit"]
+    tei = next((best[l] for l, *_ in targets if l.startswith("TEI")), None)
+    lines = [f"{len(texts)} texts (Python stdlib paragraphs, 80-1200 characters), all-MiniLM-L6-v2 model.onnx, "
+             f"{os.cpu_count()} cores, best of {args.rounds} interleaved rounds",
+             f"limit: Python onnxruntime {ort.__version__} in process, sorted batches of 32: {lim:.1f} texts/s",
+             f"auto chose: {auto.get('variant', {}).get('chosen')} ({auto.get('variant', {}).get('reason')})", "",
+             "| server | bulk / limit | one text a request / limit | one text / bulk | idle p50 ms | min cosine to limit |"
+             + (" bulk vs TEI |" if tei else ""),
+             "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if tei else "")]
+    for label, *_ in targets:
+        b = best[label]
+        row = (f"| {label} | {b['bulk'] / lim:.2f} | {b['single'] / lim:.2f} | {b['single'] / b['bulk']:.2f} | "
+               f"{b['idle_p50_ms']:.1f} | {fidelity[label]:.6f} |")
+        if tei:
+            row += f" {b['bulk'] / tei['bulk']:.2f} |"
+        lines.append(row)
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"limit": lim, "rows": best, "fidelity": fidelity, "auto": auto.get("variant"), "texts": len(texts)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
