@@ -250,6 +250,8 @@ pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candida
         _ => Default::default(),
     };
     variant.auto_precision = None;
+    // A Hub model's files were fetched before any variant was looked for.
+    variant.source = None;
     if engine.compiles_static_shapes() && variant.buckets.is_empty() {
         variant.buckets = crate::config::length_ladder(variant.max_tokens);
     }
@@ -337,12 +339,6 @@ impl Store {
         std::fs::write(&partial, bytes)?;
         std::fs::rename(&partial, &path)
     }
-}
-
-/// The surveys kept in a manifest, by entry id, for `eeane models`.
-pub fn surveys_in(manifest: &serde_json::Value) -> Vec<(String, Survey)> {
-    let Some(map) = manifest.get("variants").and_then(|v| v.as_object()) else { return Vec::new() };
-    map.iter().filter_map(|(id, s)| Some((id.clone(), serde_json::from_value(s.clone()).ok()?))).collect()
 }
 
 /// Loads the model an entry serves: for `precision = "auto"`, the chosen
