@@ -83,19 +83,22 @@ pub struct LoadedModel {
     pub variant: Option<VariantNote>,
 }
 
-/// Which variant `precision = "auto"` serves, and the survey behind it.
-#[derive(Debug, Clone, PartialEq)]
+/// Which variant `precision = "auto"` serves, and the survey behind it
+/// (/health shows it as it is).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct VariantNote {
-    /// Its engine and precision ("openvino bf16").
+    /// Engine and precision, e.g. "openvino bf16".
     pub chosen: String,
+    /// The survey's verdict in words: its speed over fp32, and what was refused and why.
     pub reason: String,
     /// Its lowest cosine to the fp32 reference on the check texts.
     pub min_cosine: Option<f64>,
     /// Its speed over the fp32 reference, measured in the same run.
     pub speed_vs_reference: Option<f64>,
-    /// Measured at this load (else read from the survey kept for this machine).
-    pub measured_now: bool,
-    pub measured_at_unix: u64,
+    /// Whether this load measured it (else the kept survey of this machine was read).
+    pub measured_at_this_load: bool,
+    /// Unix seconds of the survey.
+    pub measured_at: u64,
 }
 
 impl LoadedModel {

@@ -398,8 +398,8 @@ fn note(survey: &Survey, measured_now: bool) -> VariantNote {
         reason: survey.reason.clone(),
         min_cosine: chosen.and_then(|m| m.min_cosine),
         speed_vs_reference: chosen.and_then(|m| m.speed_vs_reference),
-        measured_now,
-        measured_at_unix: survey.measured_at_unix,
+        measured_at_this_load: measured_now,
+        measured_at: survey.measured_at_unix,
     }
 }
 

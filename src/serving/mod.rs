@@ -7,7 +7,7 @@ mod requests;
 mod status;
 
 pub use requests::{EmbedRequest, Embedded, Fault, Inputs, KeepAlive, LongInputs, Ranked, RequestError, RerankRequest, Token, TokenizeRequest};
-pub use status::{AcceleratedLayers, Counters, Device, EngineCalls, Health, LoadedHealth, ModelHealth, VariantHealth};
+pub use status::{AcceleratedLayers, Counters, Device, EngineCalls, Health, LoadedHealth, ModelHealth};
 
 use crate::sync::RecoverRw;
 use std::net::IpAddr;

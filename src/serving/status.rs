@@ -123,30 +123,13 @@ pub struct LoadedHealth {
     pub isolation: String,
     /// For `precision = "auto"`: the variant served, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub variant: Option<VariantHealth>,
+    pub variant: Option<crate::model::VariantNote>,
     /// The engine's own process per device, for `ps`/`top` and its memory (isolation = process).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine_pids: Option<Vec<Option<u32>>>,
     /// Engine processes started again after they died (isolation = process).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine_restarts: Option<u64>,
-}
-
-/// The variant `precision = "auto"` chose, from the survey of this machine.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct VariantHealth {
-    /// Engine and precision, e.g. "openvino bf16".
-    pub chosen: String,
-    /// The survey's verdict in words: its speed over fp32, and what was refused and why.
-    pub reason: String,
-    /// Its lowest cosine to the fp32 reference on the check texts.
-    pub min_cosine: Option<f64>,
-    /// Its speed over the fp32 reference, measured in the same run.
-    pub speed_vs_reference: Option<f64>,
-    /// Whether this load measured it (else the kept survey of this machine was read).
-    pub measured_at_this_load: bool,
-    /// Unix seconds of the survey.
-    pub measured_at: u64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -224,14 +207,7 @@ impl ModelHealth {
                         per_device: stats.device_batches.locked().clone(),
                         queued_sequences: load(&stats.waiting_sequences),
                     },
-                    variant: model.variant.as_ref().map(|v| VariantHealth {
-                        chosen: v.chosen.clone(),
-                        reason: v.reason.clone(),
-                        min_cosine: v.min_cosine,
-                        speed_vs_reference: v.speed_vs_reference,
-                        measured_at_this_load: v.measured_now,
-                        measured_at: v.measured_at_unix,
-                    }),
+                    variant: model.variant.clone(),
                     isolation: name_of(model.isolation),
                     engine_pids: in_process.then(|| stats.engine_pids.locked().clone()),
                     engine_restarts: in_process.then(|| load(&stats.engine_restarts)),
