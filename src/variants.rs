@@ -160,7 +160,7 @@ pub fn choose(reference: &str, measured: &[Measured]) -> (String, String) {
         .map(|m| format!("{} ({:.2}x)", m.variant, m.speed_vs_reference.unwrap_or(0.0)))
         .collect();
     if !slower.is_empty() {
-        why.push(format!("within the gate but not faster: {}", slower.join(", ")));
+        why.push(format!("also within the gate: {}", slower.join(", ")));
     }
     let refused: Vec<String> = measured
         .iter()
