@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineSpec, InputShapes, TokenBatch};
 use tokio::sync::oneshot;
 
-pub use plan::{BatchPolicy, Bucket, CallCost, FillWait, Order, Planned, Pool};
+pub use plan::{BatchPolicy, Bucket, FillWait, Order, Planned, Pool};
 
 use crate::config::Pooling;
 use crate::engine_host::{HostedEngine, HostedModel};
@@ -305,7 +305,7 @@ impl EngineWorker {
                 }
                 *thread_stats.device_batches.locked() = vec![0; devices.len()];
                 let _ = ready_tx.send(Ok(info.clone()));
-                dispatch(&name, &info, devices, pipeline, inbox, &thread_stats);
+                dispatch(&info, devices, pipeline, inbox, &thread_stats);
             })
             .map_err(|e| EngineError::Runtime(format!("cannot start the batcher thread: {e}")))?;
         let info = ready_rx.await.map_err(|_| EngineError::Runtime("the engine thread died while loading".into()))??;
@@ -348,7 +348,7 @@ struct Active {
 /// is idle plan one batch across the waiting jobs for it (so every device pulls
 /// from the same pool); deliver each job once all its vectors are back. Blocks
 /// only when no device is idle or nothing waits.
-fn dispatch(model: &str, info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inbox: mpsc::Receiver<Event>, stats: &WorkerStats) {
+fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inbox: mpsc::Receiver<Event>, stats: &WorkerStats) {
     if matches!(info.shapes, InputShapes::Fixed(_)) {
         pipeline.policy.pad_to_bucket = true;
     }
@@ -361,10 +361,7 @@ fn dispatch(model: &str, info: &EngineInfo, devices: Vec<Device>, mut pipeline: 
     let mut next_id = 0u64;
     let mut shutting_down = false;
     let mut fill = FillWait::default();
-    let mut call_cost = CallCost::default();
-    let call_cost_gauge = metrics::gauge!("eeane_call_cost_tokens", "model" => model.to_string());
-    // When each device's batch went out, and its rows x padded length.
-    let mut sent: Vec<Option<(Instant, usize)>> = vec![None; devices.len()];
+    let mut sent_at: Vec<Option<Instant>> = vec![None; devices.len()];
     let mut fill_wait: Option<Duration> = None;
     loop {
         let event = if let Some(wait) = fill_wait.take() {
@@ -393,16 +390,8 @@ fn dispatch(model: &str, info: &EngineInfo, devices: Vec<Device>, mut pipeline: 
             }
             Some(Event::Done { device, items, result }) => {
                 idle.push(device);
-                let ran = result.is_ok();
                 let answered = deliver(&mut active, &mut pool, items, result);
-                let (took, tokens) = sent[device].take().map_or((Duration::ZERO, 0), |(t, tokens)| (t.elapsed(), tokens));
-                fill.answered(answered, took);
-                if ran {
-                    call_cost.observe(tokens, took.as_secs_f64());
-                    let cost = call_cost.tokens(pipeline.policy.max_batch_tokens);
-                    pool.set_call_cost(cost);
-                    call_cost_gauge.set(cost as f64);
-                }
+                fill.answered(answered, sent_at[device].take().map_or(Duration::ZERO, |t| t.elapsed()));
                 continue;
             }
             Some(Event::Shutdown) => {
@@ -440,13 +429,12 @@ fn dispatch(model: &str, info: &EngineInfo, devices: Vec<Device>, mut pipeline: 
                 continue;
             }
             let batch = token_batch(&pipeline, &active, &planned, stats);
-            let tokens = batch.batch * batch.seq;
             stats.device_batches.locked()[device] += 1;
             if devices[device].work.send(Work { batch, items: planned.items.clone() }).is_err() {
                 deliver(&mut active, &mut pool, planned.items, Err(EngineError::Runtime("the engine thread has stopped".into())));
                 continue;
             }
-            sent[device] = Some((Instant::now(), tokens));
+            sent_at[device] = Some(Instant::now());
             idle.pop();
         }
         stats.waiting_sequences.store(pool.waiting() as u64, Ordering::Relaxed);

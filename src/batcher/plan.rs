@@ -1,13 +1,9 @@
 //! Which queued sequences run together. Pure bookkeeping, no engine: the worker
 //! adds each request's token lengths and asks for the next batch.
 //!
-//! Sorted order (the default): the next batch is the run of similar lengths
-//! that wastes least on padding and per-call cost, across all waiting
-//! requests, up to its bucket's batch size and the token budget. A batch
-//! belongs to the bucket of its longest sequence and may take shorter ones
-//! from the buckets below: on a machine whose engine calls cost much more
-//! than their tokens (many cores, a GPU), one full batch beats several small
-//! ones. What a call costs is measured as the engine runs (`CallCost`). A request that has waited
+//! Sorted order (the default): the next batch is the run of similar lengths in
+//! any bucket that wastes least on padding and per-call cost, across all waiting requests, up to the
+//! bucket's batch size and the token budget. A request that has waited
 //! `STARVATION_LIMIT` batches goes first instead: the batch is built around its
 //! shortest waiting sequence. So one huge request cannot starve small ones, and
 //! batches hold sequences of similar length, so little compute goes to padding.
@@ -60,69 +56,18 @@ struct Window {
     /// Real tokens per computed token, counting a fixed cost per engine call.
     efficiency: f64,
     seq: usize,
-    /// `candidates[lo..hi]`.
+    items: Vec<(u64, usize)>,
     lo: usize,
     hi: usize,
 }
 
-/// What one engine call costs beyond its tokens, in tokens, until `CallCost`
-/// has measured it. On a 2-core CPU a call costs little more than its tokens,
-/// so padding weighs more than batch size.
-pub const CALL_COST_TOKENS: usize = 128;
+/// What one engine call costs beyond its tokens, in tokens. On the CPU a call
+/// costs little more than its tokens, so padding weighs more than batch size.
+const CALL_COST_TOKENS: usize = 128;
 
-/// The fixed cost of an engine call in tokens, fitted as the engine runs:
-/// seconds = fixed + per_token x tokens, least squares over the recent calls
-/// (weights halve every `CALL_COST_HALF_LIFE` calls). On 2 cores a call
-/// costs about its tokens; on 16 cores a batch of a few short rows cannot
-/// keep the threads busy, and the fit says so.
-#[derive(Debug, Clone, Default)]
-pub struct CallCost {
-    weight: f64,
-    tokens: f64,
-    seconds: f64,
-    tokens_sq: f64,
-    tokens_seconds: f64,
-    calls: usize,
-}
-
-const CALL_COST_HALF_LIFE: f64 = 64.0;
-/// Calls before the fit is trusted.
-const CALL_COST_MIN_CALLS: usize = 16;
-
-impl CallCost {
-    /// One call of `tokens` (rows x padded length) took `seconds`.
-    pub fn observe(&mut self, tokens: usize, seconds: f64) {
-        if !seconds.is_finite() || seconds <= 0.0 || tokens == 0 {
-            return;
-        }
-        let keep = 0.5f64.powf(1.0 / CALL_COST_HALF_LIFE);
-        let x = tokens as f64;
-        self.weight = self.weight * keep + 1.0;
-        self.tokens = self.tokens * keep + x;
-        self.seconds = self.seconds * keep + seconds;
-        self.tokens_sq = self.tokens_sq * keep + x * x;
-        self.tokens_seconds = self.tokens_seconds * keep + x * seconds;
-        self.calls += 1;
-    }
-
-    /// The fitted fixed cost in tokens, within `[1, limit]`; the default
-    /// until enough calls of different sizes have been seen.
-    pub fn tokens(&self, limit: usize) -> usize {
-        if self.calls < CALL_COST_MIN_CALLS {
-            return CALL_COST_TOKENS.min(limit.max(1));
-        }
-        let n = self.weight;
-        let spread = self.tokens_sq - self.tokens * self.tokens / n;
-        // Calls all of one size say nothing about what size costs.
-        if spread <= 1e-9 * self.tokens_sq {
-            return CALL_COST_TOKENS.min(limit.max(1));
-        }
-        let per_token = (self.tokens_seconds - self.tokens * self.seconds / n) / spread;
-        if !per_token.is_finite() || per_token <= 0.0 {
-            return limit.max(1);
-        }
-        let fixed = (self.seconds - per_token * self.tokens) / n;
-        ((fixed / per_token).round().max(1.0) as usize).min(limit.max(1))
+impl Window {
+    fn better_than(&self, other: &Window) -> bool {
+        self.efficiency > other.efficiency
     }
 }
 
@@ -146,8 +91,6 @@ pub struct Pool {
     jobs: HashMap<u64, Waiting>,
     arrivals: u64,
     tick: u64,
-    /// What a call costs beyond its tokens; `CALL_COST_TOKENS` when unset.
-    call_cost_tokens: Option<usize>,
 }
 
 impl Pool {
@@ -159,11 +102,6 @@ impl Pool {
         self.arrivals += 1;
         // A new request counts as served now: it waits at most STARVATION_LIMIT batches.
         self.jobs.insert(job, Waiting { lens, remaining, last_served: self.tick, arrival: self.arrivals });
-    }
-
-    /// What an engine call costs beyond its tokens, as measured (`CallCost`).
-    pub fn set_call_cost(&mut self, tokens: usize) {
-        self.call_cost_tokens = Some(tokens);
     }
 
     pub fn remove(&mut self, job: u64) {
@@ -200,30 +138,76 @@ impl Pool {
     }
 
     fn next_sorted(&self, policy: &BatchPolicy) -> Option<Planned> {
-        // Every waiting sequence, by length: the candidates of a bucket's
-        // batches are a prefix of this list (its own lengths and shorter).
-        let mut candidates: Vec<Candidate> = self.jobs.iter().flat_map(|(&id, j)| j.remaining.iter().map(move |&i| (j.lens[i], j.arrival, id, i))).collect();
+        let waiting = self.jobs.iter().filter(|(_, j)| !j.remaining.is_empty());
+        // A request that has waited STARVATION_LIMIT batches anchors the next one,
+        // on its shortest waiting sequence; otherwise the fullest, least padded
+        // batch of any bucket goes first.
+        let starving = waiting.filter(|(_, j)| self.tick.saturating_sub(j.last_served) >= STARVATION_LIMIT).min_by_key(|(_, j)| (j.last_served, j.arrival));
+        let mut best: Option<Window> = None;
+        match starving {
+            Some((&id, job)) => {
+                let index = job.remaining[0];
+                best = self.best_window(policy, policy.bucket_of(job.lens[index]), Some((id, index)));
+            }
+            None => {
+                for bucket in 0..policy.buckets.len() {
+                    if let Some(w) = self.best_window(policy, bucket, None) {
+                        if best.as_ref().is_none_or(|b| w.better_than(b)) {
+                            best = Some(w);
+                        }
+                    }
+                }
+            }
+        }
+        let window = best?;
+        Some(Planned { items: window.items, seq: window.seq })
+    }
+
+    /// The window of similar lengths in `bucket` (holding `anchor`, if given)
+    /// that computes the most real tokens per token spent (padding and the
+    /// cost of a call included).
+    fn best_window(&self, policy: &BatchPolicy, bucket: usize, anchor: Option<(u64, usize)>) -> Option<Window> {
+        let mut candidates: Vec<(usize, u64, u64, usize)> = self
+            .jobs
+            .iter()
+            .flat_map(|(&id, j)| j.remaining.iter().map(move |&i| (j.lens[i], j.arrival, id, i)))
+            .filter(|&(len, ..)| policy.bucket_of(len) == bucket)
+            .collect();
         if candidates.is_empty() {
             return None;
         }
         candidates.sort_unstable();
-        // A request that has waited STARVATION_LIMIT batches anchors the next one,
-        // on its shortest waiting sequence; otherwise the fullest, least padded
-        // batch of any bucket goes first.
-        let anchor = self
-            .jobs
-            .iter()
-            .filter(|(_, j)| !j.remaining.is_empty() && self.tick.saturating_sub(j.last_served) >= STARVATION_LIMIT)
-            .min_by_key(|(_, j)| (j.last_served, j.arrival))
-            .and_then(|(&id, j)| candidates.iter().position(|&(_, _, c, i)| c == id && i == j.remaining[0]));
-        let call_cost = self.call_cost_tokens.unwrap_or(CALL_COST_TOKENS);
-        let batches = cheapest_split(policy, &candidates, call_cost);
-        let chosen = match anchor {
-            Some(at) => batches.iter().find(|b| b.lo <= at && at < b.hi),
-            None => batches.iter().max_by(|a, b| a.efficiency.total_cmp(&b.efficiency)),
-        }?;
-        let items = candidates[chosen.lo..chosen.hi].iter().map(|&(_, _, id, i)| (id, i)).collect();
-        Some(Planned { items, seq: chosen.seq })
+        let cap = policy.buckets[bucket].max_batch.max(1);
+        let fits = |rows: usize, longest: usize| rows * policy.dispatch_len(bucket, longest) <= policy.max_batch_tokens;
+        let starts = match anchor {
+            Some((id, index)) => {
+                let at = candidates.iter().position(|&(_, _, j, i)| j == id && i == index)?;
+                at.saturating_sub(cap - 1)..at + 1
+            }
+            None => 0..candidates.len(),
+        };
+        let must_reach = anchor.and_then(|(id, index)| candidates.iter().position(|&(_, _, j, i)| j == id && i == index));
+        let mut best: Option<Window> = None;
+        for lo in starts {
+            let mut hi = lo + 1;
+            while hi - lo < cap && hi < candidates.len() && fits(hi - lo + 1, candidates[hi].0) {
+                hi += 1;
+            }
+            if must_reach.is_some_and(|at| at >= hi) {
+                continue;
+            }
+            let rows = hi - lo;
+            let seq = policy.dispatch_len(bucket, candidates[hi - 1].0);
+            let real: usize = candidates[lo..hi].iter().map(|c| c.0).sum();
+            let efficiency = real as f64 / (rows * seq + CALL_COST_TOKENS) as f64;
+            let window = Window { efficiency, seq, items: Vec::new(), lo, hi };
+            if best.as_ref().is_none_or(|b| window.better_than(b)) {
+                best = Some(window);
+            }
+        }
+        let mut best = best?;
+        best.items = candidates[best.lo..best.hi].iter().map(|&(_, _, id, i)| (id, i)).collect();
+        Some(best)
     }
 
     fn next_arrival(&self, policy: &BatchPolicy) -> Option<Planned> {
@@ -244,57 +228,6 @@ impl Pool {
         }
         (!items.is_empty()).then_some(Planned { items, seq: longest })
     }
-}
-
-/// `(length, arrival, job, index)` of a waiting sequence.
-type Candidate = (usize, u64, u64, usize);
-
-/// The split of `candidates` (sorted by length) into runs that computes the
-/// fewest tokens in all, padding and the cost of each call included: the
-/// waiting work as it would run if nothing else came. A run belongs to the
-/// bucket of its longest sequence, and keeps to that bucket's batch size and
-/// to the token budget (a single sequence always fits). Padding a few short
-/// sequences up is cheaper than a call of their own when calls cost much, and
-/// dearer when they cost little; the split weighs both.
-fn cheapest_split(policy: &BatchPolicy, candidates: &[Candidate], call_cost: usize) -> Vec<Window> {
-    let n = candidates.len();
-    let mut prefix = Vec::with_capacity(n + 1);
-    prefix.push(0usize);
-    for c in candidates {
-        prefix.push(prefix[prefix.len() - 1] + c.0);
-    }
-    // cost[j]: the cheapest split of the first j; from[j]: where its last run starts.
-    let mut cost = vec![0usize; n + 1];
-    let mut from = vec![0usize; n + 1];
-    for hi in 1..=n {
-        let longest = candidates[hi - 1].0;
-        let bucket = policy.bucket_of(longest);
-        let seq = policy.dispatch_len(bucket, longest);
-        let cap = policy.buckets[bucket].max_batch.max(1);
-        cost[hi] = usize::MAX;
-        for lo in (hi.saturating_sub(cap)..hi).rev() {
-            let rows = hi - lo;
-            if rows > 1 && rows * seq > policy.max_batch_tokens {
-                break;
-            }
-            let total = cost[lo].saturating_add(rows * seq + call_cost);
-            if total < cost[hi] {
-                cost[hi] = total;
-                from[hi] = lo;
-            }
-        }
-    }
-    let mut runs = Vec::new();
-    let mut hi = n;
-    while hi > 0 {
-        let lo = from[hi];
-        let longest = candidates[hi - 1].0;
-        let seq = policy.dispatch_len(policy.bucket_of(longest), longest);
-        let efficiency = (prefix[hi] - prefix[lo]) as f64 / ((hi - lo) * seq + call_cost) as f64;
-        runs.push(Window { efficiency, seq, lo, hi });
-        hi = lo;
-    }
-    runs
 }
 
 /// How long an idle device waits for a batch to fill before it runs what has
@@ -397,76 +330,18 @@ mod tests {
         assert!(pool.is_empty());
     }
 
-    fn lengths_of(pool: &mut Pool, p: &BatchPolicy, lens: &[usize]) -> Vec<(Vec<usize>, usize)> {
-        let mut batches: Vec<(Vec<usize>, usize)> = drain(pool, p).into_iter().map(|b| (b.items.iter().map(|&(_, i)| lens[i]).collect(), b.seq)).collect();
+    #[test]
+    fn batches_stay_in_one_bucket_and_round_up_to_eight() {
+        let p = policy(&[(16, 8), (64, 8)], Order::Sorted);
+        let mut pool = Pool::default();
+        let lens = vec![3, 60, 10, 17, 5];
+        pool.add(1, lens.clone(), Order::Sorted);
+        let mut batches: Vec<(Vec<usize>, usize)> =
+            drain(&mut pool, &p).into_iter().map(|b| (b.items.iter().map(|&(_, i)| lens[i]).collect(), b.seq)).collect();
         batches.sort();
-        batches
-    }
-
-    #[test]
-    fn cheap_calls_keep_lengths_apart_and_round_up_to_eight() {
-        let p = policy(&[(16, 8), (64, 8)], Order::Sorted);
-        let mut pool = Pool::default();
-        pool.set_call_cost(1);
-        let lens = vec![3, 60, 10, 17, 5];
-        pool.add(1, lens.clone(), Order::Sorted);
-        // A call that costs next to nothing: only rows that round up to the
-        // same multiple of 8 share a batch, and no row is padded further.
-        assert_eq!(lengths_of(&mut pool, &p, &lens), vec![(vec![3, 5], 8), (vec![10], 16), (vec![17], 24), (vec![60], 64)]);
-    }
-
-    #[test]
-    fn dear_calls_pad_short_rows_into_fewer_batches() {
-        let p = policy(&[(16, 8), (64, 8)], Order::Sorted);
-        let lens = vec![3, 60, 10, 17, 5];
-        let mut pool = Pool::default();
-        pool.add(1, lens.clone(), Order::Sorted);
-        // At the default 128 tokens a call, 3, 5 and 10 join 17 in its bucket.
-        assert_eq!(lengths_of(&mut pool, &p, &lens), vec![(vec![3, 5, 10, 17], 24), (vec![60], 64)]);
-        let mut pool = Pool::default();
-        pool.set_call_cost(1024);
-        pool.add(1, lens.clone(), Order::Sorted);
-        assert_eq!(lengths_of(&mut pool, &p, &lens), vec![(vec![3, 5, 10, 17, 60], 64)]);
-    }
-
-    #[test]
-    fn a_batch_keeps_to_the_batch_size_of_its_longest_rows_bucket() {
-        let p = policy(&[(16, 4), (64, 2)], Order::Sorted);
-        let lens = vec![8, 8, 8, 8, 8, 8, 40];
-        let mut pool = Pool::default();
-        pool.set_call_cost(4096);
-        pool.add(1, lens.clone(), Order::Sorted);
-        let batches = lengths_of(&mut pool, &p, &lens);
-        assert!(batches.iter().all(|(rows, seq)| rows.len() <= if *seq > 16 { 2 } else { 4 }), "{batches:?}");
-        assert_eq!(batches.len(), 3, "{batches:?}");
-    }
-
-    #[test]
-    fn the_call_cost_is_fitted_from_what_calls_took() {
-        let mut cost = CallCost::default();
-        assert_eq!(cost.tokens(8192), CALL_COST_TOKENS, "nothing seen: the default");
-        // 10 ms a call plus 10 µs a token: a call costs 1,000 tokens.
-        for i in 0..64 {
-            let tokens = 100 + 97 * (i % 29);
-            cost.observe(tokens, 0.010 + 1e-5 * tokens as f64);
-        }
-        assert!((cost.tokens(8192) as i64 - 1000).abs() <= 2, "{}", cost.tokens(8192));
-        assert_eq!(cost.tokens(512), 512, "never above the limit");
-        let mut same = CallCost::default();
-        for _ in 0..64 {
-            same.observe(512, 0.02);
-        }
-        assert_eq!(same.tokens(8192), CALL_COST_TOKENS, "one size says nothing about size");
-        let mut free = CallCost::default();
-        for i in 0..64 {
-            free.observe(100 + 10 * i, 1e-5 * (100 + 10 * i) as f64 - 1e-4);
-        }
-        assert_eq!(free.tokens(8192), 1, "a call that costs nothing extra still costs one token");
-        let mut few = CallCost::default();
-        for i in 0..CALL_COST_MIN_CALLS - 1 {
-            few.observe(100 * (i + 1), 0.01 + 1e-5 * (100 * (i + 1)) as f64);
-        }
-        assert_eq!(few.tokens(8192), CALL_COST_TOKENS, "too few calls to trust");
+        // 17 and 60 share a bucket, but together they would waste 43 tokens of padding:
+        // each runs alone, rounded up to a multiple of 8.
+        assert_eq!(batches, vec![(vec![3, 5, 10], 16), (vec![17], 24), (vec![60], 64)]);
     }
 
     #[test]
