@@ -1,0 +1,114 @@
+"""Which engine settings scale eeane on a CPU with many cores: one run.
+
+Rows, each measured in every round, in turn (interleaved, best round kept),
+against the same in-process limit as cpu_peers.py (Python onnxruntime fp32 on
+the same model.onnx, sorted batches of 32, tokenization outside the timer):
+- ONNX Runtime fp32 as eeane ships it (threads chosen by the runtime, spinning
+  off), with spinning on, with one core left to the server, and as two engines
+  of half the cores each (device = ["cpu", "cpu"]), spinning off and on;
+- OpenVINO at the fastest precision this CPU has (bf16 with AVX512-BF16 or
+  AMX, else f32): as shipped, with one core left, and as two engines.
+
+Each row: bulk (32 texts a request, 8 clients), one text a request (32 at
+once), the idle p50 of one text, and the mean rows of an engine batch.
+
+Usage (the venv models/setup.sh makes has onnxruntime and tokenizers):
+  ~/.cache/eeane/venv/bin/python tests/peer/cpu_knobs.py --eeane target/release/eeane [--json OUT]
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_peers as peers  # noqa: E402
+
+
+def rows_for(cores):
+    half = max(1, cores // 2)
+    rest = max(1, cores - 1)
+    ov = "bf16" if peers.cpu_has_bf16() else "f32"
+    return {
+        "ONNX Runtime fp32, as shipped (spinning off)": 'engine = "onnxruntime"',
+        "ONNX Runtime fp32, spinning on": 'engine = "onnxruntime"\nspin = true',
+        f"ONNX Runtime fp32, spinning on, threads = {rest}": f'engine = "onnxruntime"\nspin = true\nthreads = {rest}',
+        f"ONNX Runtime fp32, 2 engines of {half} threads": f'engine = "onnxruntime"\ndevice = ["cpu", "cpu"]\nthreads = {half}',
+        f"ONNX Runtime fp32, 2 engines of {half} threads, spinning on":
+            f'engine = "onnxruntime"\ndevice = ["cpu", "cpu"]\nthreads = {half}\nspin = true',
+        f"OpenVINO {ov}, as shipped": f'engine = "openvino"\nprecision = "{ov}"',
+        f"OpenVINO {ov}, threads = {rest}": f'engine = "openvino"\nprecision = "{ov}"\nthreads = {rest}',
+        f"OpenVINO {ov}, 2 engines of {half} threads": f'engine = "openvino"\nprecision = "{ov}"\ndevice = ["CPU", "CPU"]\nthreads = {half}',
+    }
+
+
+def metric(text, name, model):
+    m = re.search(rf'^{name}{{model="{model}"}} (\S+)', text, re.M)
+    return float(m.group(1)) if m else float("nan")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--eeane", required=True, help="the eeane binary")
+    parser.add_argument("--texts", type=int, default=1536)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args()
+
+    cores = os.cpu_count()
+    rows = rows_for(cores)
+    ids = {label: f"knob{i}" for i, label in enumerate(rows)}
+    texts = peers.corpus(args.texts)
+    work = Path(tempfile.mkdtemp(prefix="eeane-knobs-"))
+    entry = lambda id, lines: (f'[[models]]\nid = "{id}"\nmodel = "{peers.MODEL_DIR}/model.onnx"\n'
+                               f'tokenizer = "{peers.MODEL_DIR}/tokenizer.json"\npooling = "mean"\n'
+                               f'max_tokens = {peers.MAX_TOKENS}\nload_policy = "resident"\n{peers.BUCKETS}\n{lines}\n')
+    port = peers.free_port()
+    (work / "eeane.toml").write_text(f"[server]\nport = {port}\nkeep_alive = -1\ncoalesce_requests = false\n\n"
+                                     + "\n".join(entry(ids[l], v) for l, v in rows.items()))
+    server = subprocess.Popen([args.eeane, "--config", str(work / "eeane.toml"), "serve"], stdout=subprocess.DEVNULL,
+                              stderr=open(work / "eeane.log", "w"))
+    try:
+        for label in rows:
+            peers.wait_ready(port, ids[label], server)
+        limit = peers.Limit(texts)
+        best = {"limit": 0.0, **{label: {"bulk": 0.0, "single": 0.0} for label in rows}}
+        for r in range(args.rounds):
+            best["limit"] = max(best["limit"], limit.run())
+            print(f"round {r + 1}: limit {best['limit']:.1f} texts/s", file=sys.stderr, flush=True)
+            for label in rows:
+                bulk = peers.load_rate(port, ids[label], texts, 32, 8)
+                single = peers.load_rate(port, ids[label], texts, 1, 32)
+                best[label]["bulk"] = max(best[label]["bulk"], bulk)
+                best[label]["single"] = max(best[label]["single"], single)
+                print(f"round {r + 1}: {label}: bulk {bulk:.1f}, one text a request {single:.1f} texts/s", file=sys.stderr, flush=True)
+        for label in rows:
+            best[label]["idle_p50_ms"] = peers.idle_p50(port, ids[label], texts)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", "/metrics")
+        metrics = conn.getresponse().read().decode()
+    finally:
+        server.terminate()
+        server.wait()
+
+    lim = best["limit"]
+    lines = [f"{len(texts)} texts (Python stdlib paragraphs), all-MiniLM-L6-v2 model.onnx, {cores} cores, best of {args.rounds} "
+             f"interleaved rounds; limit: Python onnxruntime fp32 in process, sorted batches of 32: {lim:.1f} texts/s", "",
+             "| eeane setting | bulk / limit | one text a request / limit | one text / bulk | idle p50 ms | mean rows a batch |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for label in rows:
+        b = best[label]
+        b["mean_rows"] = metric(metrics, "eeane_batch_rows_sum", ids[label]) / metric(metrics, "eeane_batch_rows_count", ids[label])
+        lines.append(f"| {label} | {b['bulk'] / lim:.2f} | {b['single'] / lim:.2f} | {b['single'] / b['bulk']:.2f} | "
+                     f"{b['idle_p50_ms']:.1f} | {b['mean_rows']:.1f} |")
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"limit": lim, "cores": cores, "rows": best, "texts": len(texts)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
