@@ -64,12 +64,9 @@ def main():
     ids = {label: f"knob{i}" for i, label in enumerate(rows)}
     texts = peers.corpus(args.texts)
     work = Path(tempfile.mkdtemp(prefix="eeane-knobs-"))
-    entry = lambda id, lines: (f'[[models]]\nid = "{id}"\nmodel = "{peers.MODEL_DIR}/model.onnx"\n'
-                               f'tokenizer = "{peers.MODEL_DIR}/tokenizer.json"\npooling = "mean"\n'
-                               f'max_tokens = {peers.MAX_TOKENS}\nload_policy = "resident"\n{peers.BUCKETS}\n{lines}\n')
     port = peers.free_port()
     (work / "eeane.toml").write_text(f"[server]\nport = {port}\nkeep_alive = -1\ncoalesce_requests = false\n\n"
-                                     + "\n".join(entry(ids[l], v) for l, v in rows.items()))
+                                     + "\n".join(peers.model_entry(ids[l], v) for l, v in rows.items()))
     server = subprocess.Popen([args.eeane, "--config", str(work / "eeane.toml"), "serve"], stdout=subprocess.DEVNULL,
                               stderr=open(work / "eeane.log", "w"))
     try:

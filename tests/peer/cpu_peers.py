@@ -62,6 +62,12 @@ def corpus(n):
     return texts
 
 
+def model_entry(id, lines):
+    """An eeane [[models]] entry for the model, its settings plus `lines`."""
+    return (f'[[models]]\nid = "{id}"\nmodel = "{MODEL_DIR}/model.onnx"\ntokenizer = "{MODEL_DIR}/tokenizer.json"\n'
+            f'pooling = "mean"\nmax_tokens = {MAX_TOKENS}\nload_policy = "resident"\n{BUCKETS}\n{lines}\n')
+
+
 def cpu_has_bf16():
     flags = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
     return "avx512_bf16" in flags.split() or "amx_bf16" in flags.split()
@@ -196,15 +202,13 @@ def main():
 
     texts = corpus(args.texts)
     work = Path(tempfile.mkdtemp(prefix="eeane-peers-"))
-    entry = lambda id, lines: (f'[[models]]\nid = "{id}"\nmodel = "{MODEL_DIR}/model.onnx"\ntokenizer = "{MODEL_DIR}/tokenizer.json"\n'
-                               f'pooling = "mean"\nmax_tokens = {MAX_TOKENS}\nload_policy = "resident"\n{BUCKETS}\n{lines}\n')
     eeane_models = {"eeane auto (the default)": ("auto", 'precision = "auto"'),
                     "eeane ONNX Runtime fp32": ("ort-fp32", 'engine = "onnxruntime"'),
                     "eeane OpenVINO f32": ("ov-f32", 'engine = "openvino"\nprecision = "f32"')}
     if cpu_has_bf16():
         eeane_models["eeane OpenVINO bf16"] = ("ov-bf16", 'engine = "openvino"\nprecision = "bf16"')
     port = free_port()
-    config = f"[server]\nport = {port}\nkeep_alive = -1\ncoalesce_requests = false\n\n" + "\n".join(entry(i, l) for i, l in eeane_models.values())
+    config = f"[server]\nport = {port}\nkeep_alive = -1\ncoalesce_requests = false\n\n" + "\n".join(model_entry(i, l) for i, l in eeane_models.values())
     (work / "eeane.toml").write_text(config)
     servers = [subprocess.Popen([args.eeane, "--config", str(work / "eeane.toml"), "serve"], stdout=subprocess.DEVNULL,
                                 stderr=open(work / "eeane.log", "w"))]
