@@ -5,6 +5,7 @@ pub mod batcher;
 pub mod bench;
 pub mod config;
 pub mod corpus;
+pub mod cpu_sets;
 pub mod engine_host;
 pub mod engines;
 pub mod http;

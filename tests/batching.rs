@@ -85,6 +85,82 @@ fn small_requests_complete_while_a_huge_one_runs() {
     assert!(small_done.iter().all(|(done, _)| *done < big_done), "every small request finished before the huge one");
 }
 
+/// The CPUs a process may run on, from /proc (`Cpus_allowed_list`, e.g. "0-3,8").
+fn allowed_cpus(pid: u32, task: Option<&str>) -> Vec<usize> {
+    let path = match task {
+        Some(t) => format!("/proc/{pid}/task/{t}/status"),
+        None => format!("/proc/{pid}/status"),
+    };
+    let status = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).expect("Cpus_allowed_list").trim().to_string();
+    list.split(',')
+        .flat_map(|part| match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().unwrap()..=b.parse().unwrap()).collect::<Vec<_>>(),
+            None => vec![part.parse().unwrap()],
+        })
+        .collect()
+}
+
+#[test]
+fn two_cpu_engines_each_run_on_their_own_cores() {
+    let config = format!(
+        "{}{}",
+        common::model_entry("pair", "all-minilm-l6-v2", "device = [\"cpu\", \"cpu\"]\nload_policy = \"resident\""),
+        common::model_entry("one", "all-minilm-l6-v2", "load_policy = \"resident\"")
+    );
+    let server = Server::start(Some(&config), &[]);
+    let texts = fixture_texts();
+    let want: Vec<Vec<f32>> = texts.iter().map(|t| server.embed(json!(t), json!({"model": "one"})).remove(0)).collect();
+    // Concurrent clients, so that both engines run batches.
+    let handles: Vec<_> = (0..8)
+        .map(|c| {
+            let (url, texts) = (server.url.clone(), texts.clone());
+            thread::spawn(move || {
+                let client = reqwest::blocking::Client::new();
+                let order: Vec<usize> = (0..texts.len()).map(|i| (i + c * 3) % texts.len()).collect();
+                let input: Vec<&String> = order.iter().map(|&i| &texts[i]).collect();
+                let r = client.post(format!("{url}/v1/embeddings")).json(&json!({"model": "pair", "input": input})).send().unwrap();
+                assert_eq!(r.status().as_u16(), 200);
+                (order, common::vectors(&r.json().unwrap()))
+            })
+        })
+        .collect();
+    let floor = server.fidelity_floor("pair");
+    for handle in handles {
+        let (order, got) = handle.join().unwrap();
+        for (i, v) in order.iter().zip(&got) {
+            assert!(cosine(v, &as_f64(&want[*i])) >= floor, "text {i}: the two-engine vector drifts from the one-engine vector");
+        }
+    }
+    let health = server.model_health("pair");
+    println!("two CPU engines: {}", health["device"]);
+    let pids: Vec<u32> = health["engine_pids"].as_array().expect("engine_pids").iter().map(|p| p.as_u64().unwrap() as u32).collect();
+    assert_eq!(pids.len(), 2, "{health}");
+    // Physical cores (SMT siblings share one): the engines split whole cores.
+    let cores: std::collections::HashSet<(String, String)> = allowed_cpus(std::process::id(), None)
+        .iter()
+        .filter_map(|c| {
+            let read = |what: &str| std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{c}/topology/{what}")).ok();
+            Some((read("physical_package_id")?, read("core_id")?))
+        })
+        .collect();
+    let sets: Vec<Vec<usize>> = pids.iter().map(|&pid| allowed_cpus(pid, None)).collect();
+    if cores.len() >= 2 {
+        assert!(sets[0].iter().all(|c| !sets[1].contains(c)), "the engines share CPUs: {sets:?}");
+        assert!(health["device"].as_str().unwrap().contains("(cpus "), "{health}");
+        // The runtime's compute threads, started inside the engine process, keep to its set.
+        for (pid, set) in pids.iter().zip(&sets) {
+            for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+                let task = task.unwrap().file_name().into_string().unwrap();
+                assert!(allowed_cpus(*pid, Some(&task)).iter().all(|c| set.contains(c)), "thread {task} of engine {pid} leaves its set {set:?}");
+            }
+        }
+        println!("engine CPU sets: {sets:?}");
+    }
+    let batches = health["engine_calls"]["per_device"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect::<Vec<_>>();
+    assert!(batches.iter().all(|&b| b > 0), "both engines ran batches: {batches:?}");
+}
+
 #[test]
 fn eeane_bench_runs_all_four_phases_and_writes_json() {
     common::minilm_dir();

@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 pub use plan::{BatchPolicy, Bucket, FillWait, Order, Planned, Pool};
 
 use crate::config::Pooling;
+use crate::cpu_sets::CpuSet;
 use crate::engine_host::{HostedEngine, HostedModel};
 use crate::pooling::pool_output;
 use crate::tokenize::Encoded;
@@ -181,11 +182,13 @@ struct Device {
     info: EngineInfo,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn start_device(
     name: &str,
     index: usize,
     launch: Launch,
     spec: EngineSpec,
+    cpus: Option<CpuSet>,
     pipeline: Pipeline,
     events: mpsc::Sender<Event>,
     stats: Arc<WorkerStats>,
@@ -205,6 +208,15 @@ fn start_device(
                 }
             }
             let _alive = Alive;
+            // Before the engine starts: its runtime's threads, or its engine
+            // process and that process's restarts, inherit this thread's mask.
+            let pinned = cpus.filter(|set| match crate::cpu_sets::pin_current_thread(set) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(model, cpus = set.describe(), "engine shares every CPU: cannot pin it to its own: {e}");
+                    false
+                }
+            });
             let mut engine = match Runner::start(&launch, &model, spec, &pipeline) {
                 Ok(engine) => engine,
                 Err(e) => {
@@ -212,7 +224,11 @@ fn start_device(
                     return;
                 }
             };
-            let _ = ready_tx.send(Ok(engine.info().clone()));
+            let mut info = engine.info().clone();
+            if let Some(set) = &pinned {
+                info.device = format!("{} (cpus {})", info.device, set.describe());
+            }
+            let _ = ready_tx.send(Ok(info));
             let who = format!("model {model:?} ({} on {})", engine.info().engine, engine.info().device);
             let (rows, tokens, seconds) = (
                 metrics::histogram!("eeane_batch_rows", "model" => model.clone()),
@@ -277,9 +293,18 @@ impl EngineWorker {
                 let asked: Vec<String> = spec.device.split(',').map(|d| d.trim().to_string()).filter(|d| !d.is_empty()).collect();
                 let asked = if asked.is_empty() { vec![spec.device.clone()] } else { asked };
                 let (mut devices, mut skipped) = (Vec::new(), Vec::new());
+                let is_cpu = |d: &String| d.eq_ignore_ascii_case("cpu");
+                let cpu_engines = asked.iter().filter(|d| is_cpu(d)).count();
+                let mut cpu_sets = if cpu_engines > 1 { crate::cpu_sets::split(&crate::cpu_sets::cores(), cpu_engines) } else { Vec::new() }.into_iter();
                 for device in &asked {
-                    let spec = EngineSpec { device: device.clone(), ..spec.clone() };
-                    match start_device(&name, devices.len(), launch.clone(), spec, pipeline.clone(), thread_events.clone(), thread_stats.clone()) {
+                    let cpus = if is_cpu(device) { cpu_sets.next() } else { None };
+                    // A share of the cores computes on as many threads as it has cores, unless the entry says.
+                    let threads = match &cpus {
+                        Some(set) if spec.threads == 0 => set.cores,
+                        _ => spec.threads,
+                    };
+                    let spec = EngineSpec { device: device.clone(), threads, ..spec.clone() };
+                    match start_device(&name, devices.len(), launch.clone(), spec, cpus, pipeline.clone(), thread_events.clone(), thread_stats.clone()) {
                         Ok(d) => devices.push(d),
                         Err(EngineError::Device(why)) if asked.len() > 1 => {
                             tracing::warn!(model = %name, device, "device skipped: {why}");

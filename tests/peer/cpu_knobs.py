@@ -4,10 +4,10 @@ Rows, each measured in every round, in turn (interleaved, best round kept),
 against the same in-process limit as cpu_peers.py (Python onnxruntime fp32 on
 the same model.onnx, sorted batches of 32, tokenization outside the timer):
 - ONNX Runtime fp32 as eeane ships it (threads chosen by the runtime, spinning
-  off), with spinning on, with one core left to the server, and as two engines
-  of half the cores each (device = ["cpu", "cpu"]), spinning off and on;
-- OpenVINO at the fastest precision this CPU has (bf16 with AVX512-BF16 or
-  AMX, else f32): as shipped, with one core left, and as two engines.
+  off), with spinning on, and as two engines (four on 8 cores or more), each
+  on its own share of the cores (device = ["cpu", "cpu"]), spinning off and on;
+- OpenVINO f32, and bf16 where the CPU has AVX512-BF16 or AMX: as shipped,
+  and as two (four) engines on their own cores.
 
 Each row: bulk (32 texts a request, 8 clients), one text a request (32 at
 once), the idle p50 of one text, and the mean rows of an engine batch.
@@ -30,20 +30,19 @@ import cpu_peers as peers  # noqa: E402
 
 
 def rows_for(cores):
-    half = max(1, cores // 2)
-    rest = max(1, cores - 1)
-    ov = "bf16" if peers.cpu_has_bf16() else "f32"
-    return {
-        "ONNX Runtime fp32, as shipped (spinning off)": 'engine = "onnxruntime"',
-        "ONNX Runtime fp32, spinning on": 'engine = "onnxruntime"\nspin = true',
-        f"ONNX Runtime fp32, spinning on, threads = {rest}": f'engine = "onnxruntime"\nspin = true\nthreads = {rest}',
-        f"ONNX Runtime fp32, 2 engines of {half} threads": f'engine = "onnxruntime"\ndevice = ["cpu", "cpu"]\nthreads = {half}',
-        f"ONNX Runtime fp32, 2 engines of {half} threads, spinning on":
-            f'engine = "onnxruntime"\ndevice = ["cpu", "cpu"]\nthreads = {half}\nspin = true',
-        f"OpenVINO {ov}, as shipped": f'engine = "openvino"\nprecision = "{ov}"',
-        f"OpenVINO {ov}, threads = {rest}": f'engine = "openvino"\nprecision = "{ov}"\nthreads = {rest}',
-        f"OpenVINO {ov}, 2 engines of {half} threads": f'engine = "openvino"\nprecision = "{ov}"\ndevice = ["CPU", "CPU"]\nthreads = {half}',
-    }
+    engines = [2, 4] if cores >= 8 else [2]
+    rows = {"ONNX Runtime fp32, as shipped (spinning off)": 'engine = "onnxruntime"',
+            "ONNX Runtime fp32, spinning on": 'engine = "onnxruntime"\nspin = true'}
+    for n in engines:
+        devices = ", ".join(['"cpu"'] * n)
+        rows[f"ONNX Runtime fp32, {n} engines, each on its own cores"] = f'engine = "onnxruntime"\ndevice = [{devices}]'
+        rows[f"ONNX Runtime fp32, {n} engines, each on its own cores, spinning on"] = f'engine = "onnxruntime"\ndevice = [{devices}]\nspin = true'
+    for precision in ["f32", "bf16"] if peers.cpu_has_bf16() else ["f32"]:
+        rows[f"OpenVINO {precision}, as shipped"] = f'engine = "openvino"\nprecision = "{precision}"'
+        for n in engines:
+            devices = ", ".join(['"CPU"'] * n)
+            rows[f"OpenVINO {precision}, {n} engines, each on its own cores"] = f'engine = "openvino"\nprecision = "{precision}"\ndevice = [{devices}]'
+    return rows
 
 
 def metric(text, name, model):
