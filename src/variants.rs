@@ -13,6 +13,11 @@
 //! manifest.json under `variants.{id}`, or in `{cache}/variants/{id}.json`
 //! for a model without a manifest, and measured again only when the machine,
 //! the graphs or the entry's batching settings change.
+//!
+//! The variant chosen is then measured as several engines fed from the
+//! model's one queue, each on its own share of the cores (`engine_layouts`),
+//! against itself as one engine in interleaved rounds: on many cores a small
+//! model's batch does not spread over every core, and disjoint engines do.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +41,16 @@ pub const MIN_COSINE: f64 = 0.9999;
 const FASTER_BY: f64 = 1.05;
 
 const TIMING_ROUNDS: usize = 3;
+
+/// Texts of the layout rounds: enough batches that eight engines all run.
+const LAYOUT_TIMING_TEXTS: usize = 256;
+
+/// The engine counts tried for the chosen variant on `cores` physical cores:
+/// 2, 4 and 8 while each engine keeps two cores, and two engines of one core
+/// each on a 2- or 3-core machine.
+pub fn engine_layouts(cores: usize) -> Vec<usize> {
+    [2, 4, 8].into_iter().filter(|&k| cores >= 2 * k || (k == 2 && cores >= 2)).collect()
+}
 
 /// What the survey's figures hold for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,11 +84,20 @@ pub struct Candidate {
     pub graph: PathBuf,
     /// The engine's keys that select the precision, merged over the entry's own.
     pub keys: serde_json::Map<String, serde_json::Value>,
+    /// Engines fed from the model's queue, each on its own share of the cores.
+    pub engines: usize,
 }
 
 impl Candidate {
     pub fn label(&self) -> String {
-        label(self.engine, self.precision)
+        match self.engines {
+            0 | 1 => label(self.engine, self.precision),
+            n => format!("{} x{n}", label(self.engine, self.precision)),
+        }
+    }
+
+    fn with_engines(&self, engines: usize) -> Candidate {
+        Candidate { engines, ..self.clone() }
     }
 }
 
@@ -91,7 +115,9 @@ pub struct Measured {
     pub min_cosine: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mean_cosine: Option<f64>,
-    /// Best of the interleaved rounds.
+    /// Best of the interleaved rounds. For a layout (several engines), the
+    /// one engine's rate times the layout's ratio to it, measured in rounds
+    /// of their own.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub texts_per_s: Option<f64>,
     /// Its speed over the reference's, in the same run.
@@ -219,7 +245,7 @@ pub fn candidates(config: &ModelConfig, cpu: &CpuFeatures) -> (Vec<Candidate>, V
                         speed_vs_reference: None,
                         not_measured: Some(why),
                     }),
-                    None => offered.push(Candidate { engine: engine.name(), precision: offer.precision, graph: graph.clone(), keys: offer.keys }),
+                    None => offered.push(Candidate { engine: engine.name(), precision: offer.precision, graph: graph.clone(), keys: offer.keys, engines: 1 }),
                 }
             }
         }
@@ -250,6 +276,9 @@ pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candida
         _ => Default::default(),
     };
     variant.auto_precision = None;
+    if candidate.engines > 1 {
+        variant.device = vec![config.device.as_str(); candidate.engines].join(",");
+    }
     // A Hub model's files were fetched before any variant was looked for.
     variant.source = None;
     if engine.compiles_static_shapes() && variant.buckets.is_empty() {
@@ -269,8 +298,9 @@ fn settings(config: &ModelConfig, server: &Config) -> String {
         .filter_map(|e| server.runtimes.library(e.name(), "cpu").map(|p| format!("{} {}", e.name(), if p.is_file() { "present" } else { "absent" })))
         .collect();
     format!(
-        "threads {}, max_batch {}, max_batch_tokens {}, max_tokens {}, buckets [{}], engine keys {}, runtimes [{}]",
+        "threads {}, engine layouts [{}], max_batch {}, max_batch_tokens {}, max_tokens {}, buckets [{}], engine keys {}, runtimes [{}]",
         config.threads,
+        layouts(config).iter().map(usize::to_string).collect::<Vec<_>>().join(" "),
         config.max_batch,
         config.max_batch_tokens,
         config.max_tokens,
@@ -362,8 +392,10 @@ pub async fn load(config: &ModelConfig, server: &Config) -> Result<LoadedModel, 
     let graphs: BTreeMap<String, String> = offered.iter().map(|c| (file_name(&c.graph), graph_identity(&c.graph))).collect();
     let settings = settings(config, server);
     if let Some(survey) = store.read(&config.id).filter(|s| s.machine == machine && s.graphs == graphs && s.settings == settings) {
-        if let Some(candidate) = offered.iter().find(|c| c.label() == survey.chosen) {
-            let variant = variant_config(config, server, candidate)?;
+        let counts: Vec<usize> = std::iter::once(1).chain(layouts(config)).collect();
+        let kept = offered.iter().flat_map(|c| counts.iter().map(|&k| c.with_engines(k))).find(|c| c.label() == survey.chosen);
+        if let Some(candidate) = kept {
+            let variant = variant_config(config, server, &candidate)?;
             match LoadedModel::load(&variant, server).await {
                 Ok(mut model) => {
                     model.variant = Some(note(&survey, false));
@@ -408,6 +440,15 @@ fn vectors(output: Output) -> Vec<Vec<f32>> {
         Output::Vectors(v) => v,
         Output::Scores(s) => s.into_iter().map(|x| vec![x]).collect(),
     }
+}
+
+/// The lowest and mean cosine of `got` to `want`, row by row; a non-finite
+/// value anywhere makes the lowest NaN, which no gate passes.
+fn agreement(got: &[Vec<f32>], want: &[Vec<f32>]) -> (Option<f64>, Option<f64>) {
+    let cosines: Vec<f64> = got.iter().zip(want).map(|(a, b)| cosine(a, b)).collect();
+    let finite = got.iter().flatten().all(|x| x.is_finite());
+    let min = if finite { cosines.iter().copied().fold(f64::INFINITY, f64::min) } else { f64::NAN };
+    (Some(min), Some(cosines.iter().sum::<f64>() / cosines.len().max(1) as f64))
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
@@ -494,10 +535,7 @@ async fn survey(
             (Err(e), _) => m.not_measured = Some(format!("could not be loaded: {e}")),
             (Ok(_), Some(Err(e))) => m.not_measured = Some(format!("failed the check texts: {e}")),
             (Ok(_), Some(Ok(got))) => {
-                let cosines: Vec<f64> = got.iter().zip(&want).map(|(a, b)| cosine(a, b)).collect();
-                let finite = got.iter().flatten().all(|x| x.is_finite());
-                m.min_cosine = Some(if finite { cosines.iter().copied().fold(f64::INFINITY, f64::min) } else { f64::NAN });
-                m.mean_cosine = Some(cosines.iter().sum::<f64>() / cosines.len().max(1) as f64);
+                (m.min_cosine, m.mean_cosine) = agreement(got, &want);
                 if best[i].is_finite() {
                     m.texts_per_s = Some(texts / best[i]);
                     m.speed_vs_reference = Some(best[0] / best[i]);
@@ -508,7 +546,24 @@ async fn survey(
         measured.push(m);
     }
     measured.extend(absent);
-    let (chosen, reason) = choose(&reference.label(), &measured);
+    let (chosen, mut reason) = choose(&reference.label(), &measured);
+    // The chosen variant stays loaded; the others go.
+    let chosen_candidate = loaded.iter().find(|(c, _)| c.label() == chosen).map(|(c, _)| c.clone());
+    let model = loaded.into_iter().find_map(|(c, m)| (c.label() == chosen).then_some(m)).and_then(Result::ok);
+    let (mut model, chosen_candidate) = match (model, chosen_candidate) {
+        (Some(model), Some(candidate)) => (model, candidate),
+        _ => return Err(ModelError::Engine(EngineError::Model(format!("the chosen variant {chosen} is not loaded")))),
+    };
+    let mut chosen = chosen;
+    let base = measured.iter().find(|m| m.variant == chosen).cloned();
+    if let Some(base) = base.filter(|_| !layouts(config).is_empty()) {
+        let (layout_model, layout_chosen, layout_reason, layout_measured) =
+            survey_layouts(config, server, &chosen_candidate, model, &base, &want, checks.clone()).await;
+        model = layout_model;
+        chosen = layout_chosen;
+        reason = format!("{reason}; {layout_reason}");
+        measured.extend(layout_measured);
+    }
     tracing::info!(model = %config.id, chosen = %chosen, seconds = started.elapsed().as_secs_f64(), "precision = auto: {reason}");
     let survey = Survey {
         machine,
@@ -522,10 +577,118 @@ async fn survey(
         timing_texts: timing_count,
         measured_at_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
-    // The chosen variant stays loaded and serves; the others go.
-    let model = loaded.into_iter().find_map(|(c, m)| (c.label() == chosen).then_some(m)).and_then(Result::ok);
-    let model = model.ok_or_else(|| ModelError::Engine(EngineError::Model(format!("the chosen variant {chosen} is not loaded"))))?;
     Ok((survey, model))
+}
+
+/// The layouts surveyed for `config`: none when the entry names its threads
+/// or devices (an explicit layout wins), else `engine_layouts` of this
+/// machine's physical cores.
+fn layouts(config: &ModelConfig) -> Vec<usize> {
+    if config.threads > 0 || config.device.contains(',') {
+        return Vec::new();
+    }
+    engine_layouts(crate::cpu_sets::cores().len())
+}
+
+/// Half the memory the system has free, from /proc/meminfo (None elsewhere).
+fn memory_for_engines() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = info.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024 / 2)
+}
+
+/// Measures `base` (loaded as one engine, as `base_model`) as each of the
+/// entry's layouts, interleaved with itself as one engine; returns the model
+/// to serve (the fastest layout by at least `FASTER_BY`, else the one
+/// engine), its label, the verdict in words, and each layout's figures.
+async fn survey_layouts(
+    config: &ModelConfig,
+    server: &Config,
+    base: &Candidate,
+    base_model: LoadedModel,
+    base_measured: &Measured,
+    want: &[Vec<f32>],
+    checks: Arc<Inputs>,
+) -> (LoadedModel, String, String, Vec<Measured>) {
+    let timing = Arc::new(Inputs::Texts(crate::corpus::corpus(LAYOUT_TIMING_TEXTS, 11)));
+    let graph_bytes = std::fs::metadata(&base.graph).map_or(0, |m| m.len());
+    let room = memory_for_engines();
+    let mut figures = Vec::new();
+    let mut best: Option<(Candidate, LoadedModel, f64)> = None;
+    for engines in layouts(config) {
+        let candidate = base.with_engines(engines);
+        let mut m = Measured { variant: candidate.label(), graph: base_measured.graph.clone(), ..base_measured.clone() };
+        (m.texts_per_s, m.speed_vs_reference, m.min_cosine, m.mean_cosine) = (None, None, None, None);
+        if room.is_some_and(|room| graph_bytes * engines as u64 > room) {
+            m.not_measured = Some(format!("{engines} copies of the {} MiB graph exceed half the free memory", graph_bytes >> 20));
+            figures.push(m);
+            continue;
+        }
+        let layout = match variant_config(config, server, &candidate) {
+            Ok(variant) => LoadedModel::load(&variant, server).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let layout = match layout {
+            Ok(layout) => layout,
+            Err(e) => {
+                m.not_measured = Some(format!("could not be loaded: {e}"));
+                figures.push(m);
+                continue;
+            }
+        };
+        match layout.embed(checks.clone(), None).await {
+            Ok(out) => (m.min_cosine, m.mean_cosine) = agreement(&vectors(out.output), want),
+            Err(e) => {
+                m.not_measured = Some(format!("failed the check texts: {e}"));
+                figures.push(m);
+                continue;
+            }
+        }
+        // Warm both, then interleaved rounds; each keeps its best.
+        let (mut one, mut many) = (f64::INFINITY, f64::INFINITY);
+        for round in 0..=TIMING_ROUNDS {
+            for (model, best_seconds) in [(&base_model, &mut one), (&layout, &mut many)] {
+                let t = Instant::now();
+                if model.embed(timing.clone(), None).await.is_ok() && round > 0 {
+                    *best_seconds = best_seconds.min(t.elapsed().as_secs_f64());
+                }
+            }
+        }
+        if !(one.is_finite() && many.is_finite()) {
+            m.not_measured = Some("its timing rounds failed".into());
+            figures.push(m);
+            continue;
+        }
+        let over_one = one / many;
+        // In the one engine's terms (its rate times the ratio), so that every
+        // variant's rate in the survey compares with every other's.
+        m.texts_per_s = base_measured.texts_per_s.map(|r| r * over_one);
+        m.speed_vs_reference = base_measured.speed_vs_reference.map(|s| s * over_one);
+        if m.keeps_the_vectors() && over_one >= best.as_ref().map_or(FASTER_BY, |(_, _, b)| *b) {
+            best = Some((candidate, layout, over_one));
+        }
+        figures.push(m);
+    }
+    let counts = |figures: &[Measured]| -> String {
+        let one = base_measured.speed_vs_reference.unwrap_or(1.0);
+        figures
+            .iter()
+            .map(|m| match (&m.not_measured, m.speed_vs_reference) {
+                (Some(why), _) => format!("{} not measured ({why})", m.variant),
+                (None, Some(s)) => format!("{} {:.2}x one engine", m.variant, s / one),
+                (None, None) => format!("{} {:.2}x one engine", m.variant, 1.0),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match best {
+        Some((candidate, layout, over_one)) => {
+            let label = candidate.label();
+            let why = format!("served as {} engines, each on its own cores: {over_one:.2}x one engine (measured: {})", candidate.engines, counts(&figures));
+            (layout, label, why, figures)
+        }
+        None => (base_model, base.label(), format!("served as one engine: no layout is {FASTER_BY}x faster (measured: {})", counts(&figures)), figures),
+    }
 }
 
 #[cfg(test)]
@@ -571,6 +734,23 @@ mod tests {
         let mut nan = m("openvino bf16", f64::NAN, 2.0);
         nan.min_cosine = Some(f64::NAN);
         assert_eq!(choose("onnxruntime fp32", &[m("onnxruntime fp32", 1.0, 1.0), nan]).0, "onnxruntime fp32");
+    }
+
+    #[test]
+    fn engine_layouts_keep_two_cores_an_engine() {
+        assert_eq!(engine_layouts(1), Vec::<usize>::new());
+        assert_eq!(engine_layouts(2), [2]);
+        assert_eq!(engine_layouts(4), [2]);
+        assert_eq!(engine_layouts(8), [2, 4]);
+        assert_eq!(engine_layouts(16), [2, 4, 8]);
+        assert_eq!(engine_layouts(64), [2, 4, 8]);
+    }
+
+    #[test]
+    fn a_layout_is_labelled_with_its_engines() {
+        let one = Candidate { engine: "openvino", precision: "bf16", graph: PathBuf::from("m.onnx"), keys: Default::default(), engines: 1 };
+        assert_eq!(one.label(), "openvino bf16");
+        assert_eq!(one.with_engines(4).label(), "openvino bf16 x4");
     }
 
     #[test]

@@ -74,6 +74,22 @@ precision = "int8"
     }
     let reference_run = variants.iter().find(|v| v["variant"] == "onnxruntime fp32").unwrap();
     assert_eq!(reference_run["min_cosine"], 1.0);
+    // The chosen variant measured as several engines on their own cores, and
+    // served so only when it is faster; the layouts' cosines held to the gate.
+    let base = chosen.split(" x").next().unwrap();
+    let layouts: Vec<&Value> = variants.iter().filter(|v| v["variant"].as_str().unwrap().starts_with(&format!("{base} x"))).collect();
+    if std::thread::available_parallelism().unwrap().get() >= 2 {
+        assert!(!layouts.is_empty(), "no engine layout of {base} was measured: {survey}");
+        assert!(survey["reason"].as_str().unwrap().contains("engine"), "{survey}");
+    }
+    for v in &layouts {
+        assert!(v["min_cosine"].as_f64().unwrap() >= 0.9999, "{v}");
+    }
+    if let Some(engines) = chosen.split(" x").nth(1) {
+        let engines: usize = engines.parse().unwrap();
+        assert_eq!(health["device"].as_str().unwrap().matches("(cpus ").count(), engines, "{health}");
+        assert_eq!(health["engine_pids"].as_array().unwrap().len(), engines, "{health}");
+    }
     for v in variants.iter().filter(|v| v["texts_per_s"].is_number()) {
         eprintln!(
             "  {:<22} {:<16} min cosine {:.8}  {:>7.1} texts/s",
