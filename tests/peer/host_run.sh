@@ -31,7 +31,7 @@ cd "$repo"
 benches=${EEANE_PEER_BENCHES:-peers knobs}  # one of them, to spend less device time
 touch "$out/peers.txt" "$out/peers.err" "$out/knobs.txt" "$out/knobs.err"
 case " $benches " in *" peers "*)
-  timeout 300 "$python" tests/peer/cpu_peers.py --eeane "$root/bin/eeane" "${tei[@]}" --texts "$texts" --rounds 3 --json "$out/peers.json" \
+  timeout 440 "$python" tests/peer/cpu_peers.py --eeane "$root/bin/eeane" "${tei[@]}" --texts "$texts" --rounds 3 --json "$out/peers.json" \
     > "$out/peers.txt" 2> "$out/peers.err"; echo "cpu_peers.py: rc $?";;
 esac
 case " $benches " in *" knobs "*)
