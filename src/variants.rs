@@ -129,6 +129,11 @@ pub struct Measured {
 }
 
 impl Measured {
+    /// A variant's row before any figure is in.
+    fn unmeasured(variant: String, graph: String) -> Self {
+        Measured { variant, graph, min_cosine: None, mean_cosine: None, texts_per_s: None, speed_vs_reference: None, not_measured: None }
+    }
+
     fn keeps_the_vectors(&self) -> bool {
         self.min_cosine.is_some_and(|c| c >= MIN_COSINE)
     }
@@ -236,15 +241,7 @@ pub fn candidates(config: &ModelConfig, cpu: &CpuFeatures) -> (Vec<Candidate>, V
             for offer in engine.cpu_precisions(*kind, cpu) {
                 let graph_name = file_name(graph);
                 match offer.unavailable {
-                    Some(why) => absent.push(Measured {
-                        variant: label(engine.name(), offer.precision),
-                        graph: graph_name,
-                        min_cosine: None,
-                        mean_cosine: None,
-                        texts_per_s: None,
-                        speed_vs_reference: None,
-                        not_measured: Some(why),
-                    }),
+                    Some(why) => absent.push(Measured { not_measured: Some(why), ..Measured::unmeasured(label(engine.name(), offer.precision), graph_name) }),
                     None => offered.push(Candidate { engine: engine.name(), precision: offer.precision, graph: graph.clone(), keys: offer.keys, engines: 1 }),
                 }
             }
@@ -522,15 +519,7 @@ async fn survey(
     let texts = timing_count as f64;
     let mut measured: Vec<Measured> = Vec::new();
     for (i, (candidate, model)) in loaded.iter().enumerate() {
-        let mut m = Measured {
-            variant: candidate.label(),
-            graph: file_name(&candidate.graph),
-            min_cosine: None,
-            mean_cosine: None,
-            texts_per_s: None,
-            speed_vs_reference: None,
-            not_measured: None,
-        };
+        let mut m = Measured::unmeasured(candidate.label(), file_name(&candidate.graph));
         match (model, &outputs[i]) {
             (Err(e), _) => m.not_measured = Some(format!("could not be loaded: {e}")),
             (Ok(_), Some(Err(e))) => m.not_measured = Some(format!("failed the check texts: {e}")),
@@ -546,15 +535,12 @@ async fn survey(
         measured.push(m);
     }
     measured.extend(absent);
-    let (chosen, mut reason) = choose(&reference.label(), &measured);
+    let (mut chosen, mut reason) = choose(&reference.label(), &measured);
     // The chosen variant stays loaded; the others go.
-    let chosen_candidate = loaded.iter().find(|(c, _)| c.label() == chosen).map(|(c, _)| c.clone());
-    let model = loaded.into_iter().find_map(|(c, m)| (c.label() == chosen).then_some(m)).and_then(Result::ok);
-    let (mut model, chosen_candidate) = match (model, chosen_candidate) {
-        (Some(model), Some(candidate)) => (model, candidate),
+    let (chosen_candidate, mut model) = match loaded.into_iter().find(|(c, _)| c.label() == chosen) {
+        Some((candidate, Ok(model))) => (candidate, model),
         _ => return Err(ModelError::Engine(EngineError::Model(format!("the chosen variant {chosen} is not loaded")))),
     };
-    let mut chosen = chosen;
     let base = measured.iter().find(|m| m.variant == chosen).cloned();
     if let Some(base) = base.filter(|_| !layouts(config).is_empty()) {
         let (layout_model, layout_chosen, layout_reason, layout_measured) =
@@ -613,82 +599,75 @@ async fn survey_layouts(
     let timing = Arc::new(Inputs::Texts(crate::corpus::corpus(LAYOUT_TIMING_TEXTS, 11)));
     let graph_bytes = std::fs::metadata(&base.graph).map_or(0, |m| m.len());
     let room = memory_for_engines();
-    let mut figures = Vec::new();
+    let (mut figures, mut said) = (Vec::new(), Vec::new());
     let mut best: Option<(Candidate, LoadedModel, f64)> = None;
     for engines in layouts(config) {
         let candidate = base.with_engines(engines);
-        let mut m = Measured { variant: candidate.label(), graph: base_measured.graph.clone(), ..base_measured.clone() };
-        (m.texts_per_s, m.speed_vs_reference, m.min_cosine, m.mean_cosine) = (None, None, None, None);
-        if room.is_some_and(|room| graph_bytes * engines as u64 > room) {
-            m.not_measured = Some(format!("{engines} copies of the {} MiB graph exceed half the free memory", graph_bytes >> 20));
-            figures.push(m);
-            continue;
-        }
-        let layout = match variant_config(config, server, &candidate) {
-            Ok(variant) => LoadedModel::load(&variant, server).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+        let mut m = Measured::unmeasured(candidate.label(), base_measured.graph.clone());
+        let measured = if room.is_some_and(|room| graph_bytes * engines as u64 > room) {
+            Err(format!("{engines} copies of the {} MiB graph exceed half the free memory", graph_bytes >> 20))
+        } else {
+            measure_layout(config, server, &candidate, &base_model, want, checks.clone(), timing.clone()).await
         };
-        let layout = match layout {
-            Ok(layout) => layout,
-            Err(e) => {
-                m.not_measured = Some(format!("could not be loaded: {e}"));
-                figures.push(m);
-                continue;
-            }
-        };
-        match layout.embed(checks.clone(), None).await {
-            Ok(out) => (m.min_cosine, m.mean_cosine) = agreement(&vectors(out.output), want),
-            Err(e) => {
-                m.not_measured = Some(format!("failed the check texts: {e}"));
-                figures.push(m);
-                continue;
-            }
-        }
-        // Warm both, then interleaved rounds; each keeps its best.
-        let (mut one, mut many) = (f64::INFINITY, f64::INFINITY);
-        for round in 0..=TIMING_ROUNDS {
-            for (model, best_seconds) in [(&base_model, &mut one), (&layout, &mut many)] {
-                let t = Instant::now();
-                if model.embed(timing.clone(), None).await.is_ok() && round > 0 {
-                    *best_seconds = best_seconds.min(t.elapsed().as_secs_f64());
+        match measured {
+            Ok((layout, (min_cosine, mean_cosine), over_one)) => {
+                (m.min_cosine, m.mean_cosine) = (min_cosine, mean_cosine);
+                // In the one engine's terms (its rate times the ratio), so that
+                // every variant's rate in the survey compares with every other's.
+                m.texts_per_s = base_measured.texts_per_s.map(|r| r * over_one);
+                m.speed_vs_reference = base_measured.speed_vs_reference.map(|s| s * over_one);
+                said.push(format!("{} {over_one:.2}x one engine", m.variant));
+                if m.keeps_the_vectors() && over_one >= best.as_ref().map_or(FASTER_BY, |(_, _, b)| *b) {
+                    best = Some((candidate, layout, over_one));
                 }
             }
-        }
-        if !(one.is_finite() && many.is_finite()) {
-            m.not_measured = Some("its timing rounds failed".into());
-            figures.push(m);
-            continue;
-        }
-        let over_one = one / many;
-        // In the one engine's terms (its rate times the ratio), so that every
-        // variant's rate in the survey compares with every other's.
-        m.texts_per_s = base_measured.texts_per_s.map(|r| r * over_one);
-        m.speed_vs_reference = base_measured.speed_vs_reference.map(|s| s * over_one);
-        if m.keeps_the_vectors() && over_one >= best.as_ref().map_or(FASTER_BY, |(_, _, b)| *b) {
-            best = Some((candidate, layout, over_one));
+            Err(why) => {
+                said.push(format!("{} not measured ({why})", m.variant));
+                m.not_measured = Some(why);
+            }
         }
         figures.push(m);
     }
-    let counts = |figures: &[Measured]| -> String {
-        let one = base_measured.speed_vs_reference.unwrap_or(1.0);
-        figures
-            .iter()
-            .map(|m| match (&m.not_measured, m.speed_vs_reference) {
-                (Some(why), _) => format!("{} not measured ({why})", m.variant),
-                (None, Some(s)) => format!("{} {:.2}x one engine", m.variant, s / one),
-                (None, None) => format!("{} {:.2}x one engine", m.variant, 1.0),
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let said = said.join(", ");
     match best {
         Some((candidate, layout, over_one)) => {
-            let label = candidate.label();
-            let why = format!("served as {} engines, each on its own cores: {over_one:.2}x one engine (measured: {})", candidate.engines, counts(&figures));
-            (layout, label, why, figures)
+            let why = format!("served as {} engines, each on its own cores: {over_one:.2}x one engine (measured: {said})", candidate.engines);
+            (layout, candidate.label(), why, figures)
         }
-        None => (base_model, base.label(), format!("served as one engine: no layout is {FASTER_BY}x faster (measured: {})", counts(&figures)), figures),
+        None => (base_model, base.label(), format!("served as one engine: no layout is {FASTER_BY}x faster (measured: {said})"), figures),
     }
+}
+
+/// One layout loaded, held to the check texts' reference vectors, and timed
+/// against the one engine in interleaved rounds (a warm-up first, then each
+/// keeps its best): the layout, its (min, mean) cosine, and its speed over
+/// the one engine.
+async fn measure_layout(
+    config: &ModelConfig,
+    server: &Config,
+    candidate: &Candidate,
+    one_engine: &LoadedModel,
+    want: &[Vec<f32>],
+    checks: Arc<Inputs>,
+    timing: Arc<Inputs>,
+) -> Result<(LoadedModel, (Option<f64>, Option<f64>), f64), String> {
+    let variant = variant_config(config, server, candidate).map_err(|e| e.to_string())?;
+    let layout = LoadedModel::load(&variant, server).await.map_err(|e| format!("could not be loaded: {e}"))?;
+    let got = layout.embed(checks, None).await.map_err(|e| format!("failed the check texts: {e}"))?;
+    let cosines = agreement(&vectors(got.output), want);
+    let (mut one, mut many) = (f64::INFINITY, f64::INFINITY);
+    for round in 0..=TIMING_ROUNDS {
+        for (model, best_seconds) in [(one_engine, &mut one), (&layout, &mut many)] {
+            let t = Instant::now();
+            if model.embed(timing.clone(), None).await.is_ok() && round > 0 {
+                *best_seconds = best_seconds.min(t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    if !(one.is_finite() && many.is_finite()) {
+        return Err("its timing rounds failed".into());
+    }
+    Ok((layout, cosines, one / many))
 }
 
 #[cfg(test)]
