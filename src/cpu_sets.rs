@@ -79,6 +79,23 @@ pub fn cores() -> Vec<Vec<usize>> {
     cores
 }
 
+/// Whether this process may run on fewer CPUs than the machine has online
+/// (`taskset`, a container's cpuset, a Kubernetes CPU limit with pinning).
+/// ONNX Runtime sizes its default thread pool from the machine's physical
+/// cores, not from the mask, and pins the pool's threads itself: under
+/// `taskset -c 0` on a 2-core machine its second thread ran on CPU 1.
+#[cfg(target_os = "linux")]
+pub fn restricted() -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    online > 0 && allowed().len() < online as usize
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn restricted() -> bool {
+    false
+}
+
 /// The CPUs this process may run on.
 #[cfg(target_os = "linux")]
 fn allowed() -> Vec<usize> {

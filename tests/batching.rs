@@ -161,6 +161,60 @@ fn two_cpu_engines_each_run_on_their_own_cores() {
     assert!(batches.iter().all(|&b| b > 0), "both engines ran batches: {batches:?}");
 }
 
+/// Threads of a process, from /proc.
+fn thread_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count()
+}
+
+#[test]
+fn an_engine_in_a_cpu_restricted_server_keeps_to_its_cpus_and_threads() {
+    let mine = allowed_cpus(std::process::id(), None);
+    let cores: std::collections::HashSet<(String, String)> = mine
+        .iter()
+        .filter_map(|c| {
+            let read = |what: &str| std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{c}/topology/{what}")).ok();
+            Some((read("physical_package_id")?, read("core_id")?))
+        })
+        .collect();
+    if cores.len() < 2 {
+        println!("skipped: {} physical core(s); a mask of one CPU would not restrict anything", cores.len());
+        return;
+    }
+    // The server inherits this thread's mask, as under `taskset -c N`.
+    // SAFETY: cpu_set_t is plain data; CPU_SET is bounded by CPU_SETSIZE.
+    unsafe {
+        let mut mask: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(mine[0], &mut mask);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mask), 0);
+    }
+    let config = ["unset", "one", "two"]
+        .iter()
+        .zip(["", "threads = 1", "threads = 2"])
+        .map(|(id, threads)| common::model_entry(id, "all-minilm-l6-v2", &format!("load_policy = \"resident\"\n{threads}")))
+        .collect::<String>();
+    let server = Server::start(Some(&config), &[]);
+    let counts: Vec<usize> = ["unset", "one", "two"]
+        .iter()
+        .map(|id| {
+            server.embed(json!("a text"), json!({"model": id}));
+            let health = server.model_health(id);
+            let pid = health["engine_pids"][0].as_u64().unwrap_or_else(|| panic!("{health}")) as u32;
+            // Every thread: ONNX Runtime's default pool pins its threads to cores of its own choosing.
+            for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+                let task = task.unwrap().file_name().into_string().unwrap();
+                assert_eq!(allowed_cpus(pid, Some(&task)), vec![mine[0]], "{id}: thread {task} of engine {pid} left the server's mask");
+            }
+            thread_count(pid)
+        })
+        .collect();
+    println!("engine threads on one CPU: unset {}, threads = 1 {}, threads = 2 {}", counts[0], counts[1], counts[2]);
+    // ONNX Runtime's pool grows by one thread per intra-op thread: the
+    // difference proves `threads` reached it, and unset must mean one.
+    assert_eq!(counts[2], counts[1] + 1, "threads = 2 should start one more compute thread than threads = 1");
+    assert_eq!(counts[0], counts[1], "with threads unset, an engine kept to one CPU should compute on one thread");
+    assert!(server.model_health("unset")["device"].as_str().unwrap().contains(&format!("(cpus {})", mine[0])), "{}", server.model_health("unset"));
+}
+
 #[test]
 fn eeane_bench_runs_all_four_phases_and_writes_json() {
     common::minilm_dir();

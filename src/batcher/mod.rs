@@ -295,7 +295,11 @@ impl EngineWorker {
                 let (mut devices, mut skipped) = (Vec::new(), Vec::new());
                 let is_cpu = |d: &String| d.eq_ignore_ascii_case("cpu");
                 let cpu_engines = asked.iter().filter(|d| is_cpu(d)).count();
-                let mut cpu_sets = if cpu_engines > 1 { crate::cpu_sets::split(&crate::cpu_sets::cores(), cpu_engines) } else { Vec::new() }.into_iter();
+                // Several CPU engines split the cores; one engine in a process kept to
+                // some of the machine's CPUs gets them all, so that its thread count
+                // follows the mask rather than the machine.
+                let share = cpu_engines > 1 || (cpu_engines == 1 && crate::cpu_sets::restricted());
+                let mut cpu_sets = if share { crate::cpu_sets::split(&crate::cpu_sets::cores(), cpu_engines) } else { Vec::new() }.into_iter();
                 for device in &asked {
                     let cpus = if is_cpu(device) { cpu_sets.next() } else { None };
                     // A share of the cores computes on as many threads as it has cores, unless the entry says.

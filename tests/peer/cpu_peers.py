@@ -15,9 +15,14 @@ Each server row: bulk (32 texts a request, 8 clients), one text a request
 go to /v1/embeddings with base64 vectors on both servers, so the client
 decodes the same bytes for each.
 
+--cpus N runs everything (the limit with N threads, eeane, TEI) on N logical
+CPUs of N different physical cores: a small machine carved out of a large one.
+Both servers size themselves from the affinity mask they inherit.
+
 Usage (the venv models/setup.sh makes has onnxruntime and tokenizers):
   ~/.cache/eeane/venv/bin/python tests/peer/cpu_peers.py \\
-      --eeane target/release/eeane [--tei-router PATH --tei-ort-lib DIR] [--json OUT]
+      --eeane target/release/eeane [--tei-router PATH --tei-ort-lib DIR] \\
+      [--cpus N] [--rows auto,ort-fp32] [--json OUT]
 """
 import argparse
 import base64
@@ -73,10 +78,27 @@ def cpu_has_bf16():
     return "avx512_bf16" in flags.split() or "amx_bf16" in flags.split()
 
 
+def one_cpu_per_core(n):
+    """The first n allowed logical CPUs that sit on n different physical cores."""
+    chosen, cores = [], set()
+    for cpu in sorted(os.sched_getaffinity(0)):
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            core = (topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()
+        except OSError:
+            core = ("?", str(cpu))
+        if core not in cores:
+            cores.add(core)
+            chosen.append(cpu)
+        if len(chosen) == n:
+            return chosen
+    raise SystemExit(f"--cpus {n}: only {len(chosen)} physical cores are allowed here")
+
+
 class Limit:
     """The in-process limit: onnxruntime on the same file, sorted batches of 32."""
 
-    def __init__(self, texts):
+    def __init__(self, texts, threads=0):
         tok = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
         tok.enable_truncation(MAX_TOKENS)
         tok.no_padding()
@@ -92,7 +114,9 @@ class Limit:
                 ids[r, :len(row)] = row
                 mask[r, :len(row)] = 1
             self.batches.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
-        self.session = ort.InferenceSession(str(MODEL_DIR / "model.onnx"), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads  # 0: onnxruntime's own choice, one per physical core
+        self.session = ort.InferenceSession(str(MODEL_DIR / "model.onnx"), options, providers=["CPUExecutionProvider"])
         self.texts = len(texts)
         # The first runs allocate; the servers were warmed by their ready probe.
         for feed in self.batches[:2]:
@@ -197,8 +221,15 @@ def main():
     parser.add_argument("--tei-ort-lib", help="the directory holding the libonnxruntime.so.1 that binary links")
     parser.add_argument("--texts", type=int, default=1536)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cpus", type=int, default=0, help="run on this many physical cores, one logical CPU each (default: all)")
+    parser.add_argument("--rows", default="auto,ort-fp32,ov-f32,ov-bf16",
+                        help="which eeane entries to measure, of auto, ort-fp32, ov-f32, ov-bf16 (default: all)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
+    if args.cpus:
+        cpus = one_cpu_per_core(args.cpus)
+        os.sched_setaffinity(0, cpus)  # the servers started below inherit it
+        print(f"running on CPUs {cpus}", file=sys.stderr)
 
     texts = corpus(args.texts)
     work = Path(tempfile.mkdtemp(prefix="eeane-peers-"))
@@ -207,6 +238,10 @@ def main():
                     "eeane OpenVINO f32": ("ov-f32", 'engine = "openvino"\nprecision = "f32"')}
     if cpu_has_bf16():
         eeane_models["eeane OpenVINO bf16"] = ("ov-bf16", 'engine = "openvino"\nprecision = "bf16"')
+    rows = set(args.rows.split(","))
+    if "auto" not in rows or not rows <= {"auto", "ort-fp32", "ov-f32", "ov-bf16"}:
+        raise SystemExit(f"--rows {args.rows}: a subset of auto,ort-fp32,ov-f32,ov-bf16 that includes auto")
+    eeane_models = {label: entry for label, entry in eeane_models.items() if entry[0] in rows}
     port = free_port()
     config = f"[server]\nport = {port}\nkeep_alive = -1\ncoalesce_requests = false\n\n" + "\n".join(model_entry(i, l) for i, l in eeane_models.values())
     (work / "eeane.toml").write_text(config)
@@ -227,7 +262,7 @@ def main():
             wait_ready(p, model, servers[0] if p == port else servers[-1])
         # Same vectors: every row embeds the same text to within cosine 0.9999 of the limit's.
         probe = texts[:8]
-        limit = Limit(texts)
+        limit = Limit(texts, threads=args.cpus)
         want = [limit.vector(t) for t in probe]
         fidelity = {}
         for label, p, model in targets:
@@ -262,7 +297,7 @@ def main():
     lim = best["limit"]
     tei = next((best[l] for l, *_ in targets if l.startswith("TEI")), None)
     lines = [f"{len(texts)} texts (Python stdlib paragraphs, 80-1200 characters), all-MiniLM-L6-v2 model.onnx, "
-             f"{os.cpu_count()} cores, best of {args.rounds} interleaved rounds",
+             f"{len(os.sched_getaffinity(0))} CPUs ({os.cpu_count()} on the machine), best of {args.rounds} interleaved rounds",
              f"limit: Python onnxruntime {ort.__version__} in process, sorted batches of 32: {lim:.1f} texts/s",
              f"auto chose: {auto.get('variant', {}).get('chosen')} ({auto.get('variant', {}).get('reason')})", "",
              "| server | bulk / limit | one text a request / limit | one text / bulk | idle p50 ms | min cosine to limit |"
