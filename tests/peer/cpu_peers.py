@@ -312,7 +312,8 @@ def main():
         lines.append(row)
     print("\n".join(lines))
     if args.json:
-        Path(args.json).write_text(json.dumps({"limit": lim, "rows": best, "fidelity": fidelity, "auto": auto.get("variant"), "texts": len(texts)}, indent=2))
+        Path(args.json).write_text(json.dumps({"limit": lim, "rows": best, "fidelity": fidelity, "auto": auto.get("variant"), "texts": len(texts),
+                                               "cpus": sorted(os.sched_getaffinity(0))}, indent=2))
 
 
 if __name__ == "__main__":

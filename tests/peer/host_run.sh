@@ -29,9 +29,15 @@ tei=()
 [ -x "$root/bin/text-embeddings-router" ] && tei=(--tei-router "$root/bin/text-embeddings-router" --tei-ort-lib "$root/tei-ort")
 cd "$repo"
 benches=${EEANE_PEER_BENCHES:-peers knobs}  # one of them, to spend less device time
+# A small machine carved from this one: EEANE_PEER_CPUS=2 runs cpu_peers.py on
+# one CPU of each of 2 cores; EEANE_PEER_ROWS picks its eeane rows.
+carve=()
+[ -n "${EEANE_PEER_CPUS:-}" ] && carve+=(--cpus "$EEANE_PEER_CPUS")
+[ -n "${EEANE_PEER_ROWS:-}" ] && carve+=(--rows "$EEANE_PEER_ROWS")
 touch "$out/peers.txt" "$out/peers.err" "$out/knobs.txt" "$out/knobs.err"
 case " $benches " in *" peers "*)
-  timeout 440 "$python" tests/peer/cpu_peers.py --eeane "$root/bin/eeane" "${tei[@]}" --texts "$texts" --rounds 3 --json "$out/peers.json" \
+  timeout "${EEANE_PEER_TIMEOUT:-440}" "$python" tests/peer/cpu_peers.py --eeane "$root/bin/eeane" "${tei[@]}" "${carve[@]}" \
+    --texts "$texts" --rounds "${EEANE_PEER_ROUNDS:-3}" --json "$out/peers.json" \
     > "$out/peers.txt" 2> "$out/peers.err"; echo "cpu_peers.py: rc $?";;
 esac
 case " $benches " in *" knobs "*)
