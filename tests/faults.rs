@@ -215,7 +215,11 @@ fn engine_pid(server: &Server, model: &str) -> u32 {
 fn kill_9(pid: u32) {
     assert!(Command::new("kill").arg("-KILL").arg(pid.to_string()).status().unwrap().success());
     let until = Instant::now() + Duration::from_secs(5);
-    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z ")) && Instant::now() < until {
+    // Dead once a zombie of one thread: the leader of a killed process turns
+    // zombie while its other threads may still be exiting, and until they are
+    // gone its parent cannot reap it yet, so it would look alive to the server.
+    let dead = |status: &str| status.contains("State:\tZ") && status.contains("Threads:\t1\n");
+    while std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| !dead(&s)) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
