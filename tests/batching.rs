@@ -101,6 +101,25 @@ fn allowed_cpus(pid: u32, task: Option<&str>) -> Vec<usize> {
         .collect()
 }
 
+/// The physical cores (package, core id) that `cpus` sit on; SMT siblings share one.
+fn physical_cores(cpus: &[usize]) -> std::collections::HashSet<(String, String)> {
+    cpus.iter()
+        .filter_map(|c| {
+            let read = |what: &str| std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{c}/topology/{what}")).ok();
+            Some((read("physical_package_id")?, read("core_id")?))
+        })
+        .collect()
+}
+
+/// Every thread of process `pid`, the runtime's compute threads included, may run only on `set`.
+fn assert_threads_within(pid: u32, set: &[usize]) {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().file_name().into_string().unwrap();
+        let allowed = allowed_cpus(pid, Some(&task));
+        assert!(allowed.iter().all(|c| set.contains(c)), "thread {task} of engine {pid} may run on {allowed:?}, outside {set:?}");
+    }
+}
+
 #[test]
 fn two_cpu_engines_each_run_on_their_own_cores() {
     let config = format!(
@@ -137,23 +156,14 @@ fn two_cpu_engines_each_run_on_their_own_cores() {
     let pids: Vec<u32> = health["engine_pids"].as_array().expect("engine_pids").iter().map(|p| p.as_u64().unwrap() as u32).collect();
     assert_eq!(pids.len(), 2, "{health}");
     // Physical cores (SMT siblings share one): the engines split whole cores.
-    let cores: std::collections::HashSet<(String, String)> = allowed_cpus(std::process::id(), None)
-        .iter()
-        .filter_map(|c| {
-            let read = |what: &str| std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{c}/topology/{what}")).ok();
-            Some((read("physical_package_id")?, read("core_id")?))
-        })
-        .collect();
+    let cores = physical_cores(&allowed_cpus(std::process::id(), None));
     let sets: Vec<Vec<usize>> = pids.iter().map(|&pid| allowed_cpus(pid, None)).collect();
     if cores.len() >= 2 {
         assert!(sets[0].iter().all(|c| !sets[1].contains(c)), "the engines share CPUs: {sets:?}");
         assert!(health["device"].as_str().unwrap().contains("(cpus "), "{health}");
         // The runtime's compute threads, started inside the engine process, keep to its set.
         for (pid, set) in pids.iter().zip(&sets) {
-            for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-                let task = task.unwrap().file_name().into_string().unwrap();
-                assert!(allowed_cpus(*pid, Some(&task)).iter().all(|c| set.contains(c)), "thread {task} of engine {pid} leaves its set {set:?}");
-            }
+            assert_threads_within(*pid, set);
         }
         println!("engine CPU sets: {sets:?}");
     }
@@ -161,21 +171,10 @@ fn two_cpu_engines_each_run_on_their_own_cores() {
     assert!(batches.iter().all(|&b| b > 0), "both engines ran batches: {batches:?}");
 }
 
-/// Threads of a process, from /proc.
-fn thread_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count()
-}
-
 #[test]
 fn an_engine_in_a_cpu_restricted_server_keeps_to_its_cpus_and_threads() {
     let mine = allowed_cpus(std::process::id(), None);
-    let cores: std::collections::HashSet<(String, String)> = mine
-        .iter()
-        .filter_map(|c| {
-            let read = |what: &str| std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{c}/topology/{what}")).ok();
-            Some((read("physical_package_id")?, read("core_id")?))
-        })
-        .collect();
+    let cores = physical_cores(&mine);
     if cores.len() < 2 {
         println!("skipped: {} physical core(s); a mask of one CPU would not restrict anything", cores.len());
         return;
@@ -200,11 +199,8 @@ fn an_engine_in_a_cpu_restricted_server_keeps_to_its_cpus_and_threads() {
             let health = server.model_health(id);
             let pid = health["engine_pids"][0].as_u64().unwrap_or_else(|| panic!("{health}")) as u32;
             // Every thread: ONNX Runtime's default pool pins its threads to cores of its own choosing.
-            for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-                let task = task.unwrap().file_name().into_string().unwrap();
-                assert_eq!(allowed_cpus(pid, Some(&task)), vec![mine[0]], "{id}: thread {task} of engine {pid} left the server's mask");
-            }
-            thread_count(pid)
+            assert_threads_within(pid, &[mine[0]]);
+            std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count()
         })
         .collect();
     println!("engine threads on one CPU: unset {}, threads = 1 {}, threads = 2 {}", counts[0], counts[1], counts[2]);
