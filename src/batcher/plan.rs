@@ -1,9 +1,10 @@
 //! Which queued sequences run together. Pure bookkeeping, no engine: the worker
 //! adds each request's token lengths and asks for the next batch.
 //!
-//! Sorted order (the default): the next batch is the run of similar lengths in
-//! any bucket that wastes least on padding and per-call cost, across all waiting requests, up to the
-//! bucket's batch size and the token budget. A request that has waited
+//! Sorted order (the default): the next batch is the run of similar lengths
+//! that wastes least on padding and per-call cost, across all waiting
+//! requests and buckets, up to the batch size of the bucket of its longest
+//! sequence and the token budget. A request that has waited
 //! `STARVATION_LIMIT` batches goes first instead: the batch is built around its
 //! shortest waiting sequence. So one huge request cannot starve small ones, and
 //! batches hold sequences of similar length, so little compute goes to padding.
@@ -64,12 +65,6 @@ struct Window {
 /// What one engine call costs beyond its tokens, in tokens. On the CPU a call
 /// costs little more than its tokens, so padding weighs more than batch size.
 const CALL_COST_TOKENS: usize = 128;
-
-impl Window {
-    fn better_than(&self, other: &Window) -> bool {
-        self.efficiency > other.efficiency
-    }
-}
 
 /// A planned batch: `(job, index)` pairs and the length to pad them to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,72 +133,75 @@ impl Pool {
     }
 
     fn next_sorted(&self, policy: &BatchPolicy) -> Option<Planned> {
-        let waiting = self.jobs.iter().filter(|(_, j)| !j.remaining.is_empty());
         // A request that has waited STARVATION_LIMIT batches anchors the next one,
         // on its shortest waiting sequence; otherwise the fullest, least padded
-        // batch of any bucket goes first.
-        let starving = waiting.filter(|(_, j)| self.tick.saturating_sub(j.last_served) >= STARVATION_LIMIT).min_by_key(|(_, j)| (j.last_served, j.arrival));
-        let mut best: Option<Window> = None;
-        match starving {
-            Some((&id, job)) => {
-                let index = job.remaining[0];
-                best = self.best_window(policy, policy.bucket_of(job.lens[index]), Some((id, index)));
-            }
-            None => {
-                for bucket in 0..policy.buckets.len() {
-                    if let Some(w) = self.best_window(policy, bucket, None) {
-                        if best.as_ref().is_none_or(|b| w.better_than(b)) {
-                            best = Some(w);
-                        }
-                    }
-                }
-            }
-        }
-        let window = best?;
+        // batch goes first.
+        let starving = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| !j.remaining.is_empty() && self.tick.saturating_sub(j.last_served) >= STARVATION_LIMIT)
+            .min_by_key(|(_, j)| (j.last_served, j.arrival))
+            .map(|(&id, job)| (id, job.remaining[0]));
+        let window = self.best_window(policy, starving)?;
         Some(Planned { items: window.items, seq: window.seq })
     }
 
-    /// The window of similar lengths in `bucket` (holding `anchor`, if given)
-    /// that computes the most real tokens per token spent (padding and the
-    /// cost of a call included).
-    fn best_window(&self, policy: &BatchPolicy, bucket: usize, anchor: Option<(u64, usize)>) -> Option<Window> {
-        let mut candidates: Vec<(usize, u64, u64, usize)> = self
-            .jobs
-            .iter()
-            .flat_map(|(&id, j)| j.remaining.iter().map(move |&i| (j.lens[i], j.arrival, id, i)))
-            .filter(|&(len, ..)| policy.bucket_of(len) == bucket)
-            .collect();
+    /// The next batch (the one holding `anchor`, if given) of the cheapest
+    /// plan for everything waiting: runs of similar lengths, each costing its
+    /// rows times its padded length plus the cost of a call, taken in the
+    /// order of the most real tokens per token spent. A run may take shorter
+    /// sequences from lower buckets; it runs in the bucket of its longest, at
+    /// that bucket's batch size. Choosing one best run at a time left
+    /// stragglers to calls of their own, and keeping to one bucket split a
+    /// few single texts from many clients into calls of 5 rows where one call
+    /// of 15 pads a little more and costs less.
+    fn best_window(&self, policy: &BatchPolicy, anchor: Option<(u64, usize)>) -> Option<Window> {
+        let mut candidates: Vec<(usize, u64, u64, usize)> =
+            self.jobs.iter().flat_map(|(&id, j)| j.remaining.iter().map(move |&i| (j.lens[i], j.arrival, id, i))).collect();
         if candidates.is_empty() {
             return None;
         }
         candidates.sort_unstable();
-        let cap = policy.buckets[bucket].max_batch.max(1);
-        let fits = |rows: usize, longest: usize| rows * policy.dispatch_len(bucket, longest) <= policy.max_batch_tokens;
-        let starts = match anchor {
-            Some((id, index)) => {
-                let at = candidates.iter().position(|&(_, _, j, i)| j == id && i == index)?;
-                at.saturating_sub(cap - 1)..at + 1
+        let n = candidates.len();
+        // cheapest[hi]: the least cost of running the `hi` shortest; start[hi]:
+        // where the last run of that plan starts.
+        let mut cheapest = vec![0usize; n + 1];
+        let mut start = vec![0usize; n + 1];
+        for hi in 1..=n {
+            let longest = candidates[hi - 1].0;
+            let bucket = policy.bucket_of(longest);
+            let seq = policy.dispatch_len(bucket, longest);
+            cheapest[hi] = usize::MAX;
+            for rows in 1..=policy.buckets[bucket].max_batch.max(1).min(hi) {
+                if rows > 1 && rows * seq > policy.max_batch_tokens {
+                    break;
+                }
+                let cost = cheapest[hi - rows] + rows * seq + CALL_COST_TOKENS;
+                if cost < cheapest[hi] {
+                    (cheapest[hi], start[hi]) = (cost, hi - rows);
+                }
             }
-            None => 0..candidates.len(),
+        }
+        let at = match anchor {
+            Some((id, index)) => Some(candidates.iter().position(|&(_, _, j, i)| j == id && i == index)?),
+            None => None,
         };
-        let must_reach = anchor.and_then(|(id, index)| candidates.iter().position(|&(_, _, j, i)| j == id && i == index));
         let mut best: Option<Window> = None;
-        for lo in starts {
-            let mut hi = lo + 1;
-            while hi - lo < cap && hi < candidates.len() && fits(hi - lo + 1, candidates[hi].0) {
-                hi += 1;
-            }
-            if must_reach.is_some_and(|at| at >= hi) {
-                continue;
-            }
-            let rows = hi - lo;
-            let seq = policy.dispatch_len(bucket, candidates[hi - 1].0);
+        let mut hi = n;
+        while hi > 0 {
+            let lo = start[hi];
+            let longest = candidates[hi - 1].0;
+            let seq = policy.dispatch_len(policy.bucket_of(longest), longest);
             let real: usize = candidates[lo..hi].iter().map(|c| c.0).sum();
-            let efficiency = real as f64 / (rows * seq + CALL_COST_TOKENS) as f64;
-            let window = Window { efficiency, seq, items: Vec::new(), lo, hi };
-            if best.as_ref().is_none_or(|b| window.better_than(b)) {
-                best = Some(window);
+            let efficiency = real as f64 / ((hi - lo) * seq + CALL_COST_TOKENS) as f64;
+            let wanted = match at {
+                Some(at) => (lo..hi).contains(&at),
+                None => best.as_ref().is_none_or(|b| efficiency > b.efficiency),
+            };
+            if wanted {
+                best = Some(Window { efficiency, seq, items: Vec::new(), lo, hi });
             }
+            hi = lo;
         }
         let mut best = best?;
         best.items = candidates[best.lo..best.hi].iter().map(|&(_, _, id, i)| (id, i)).collect();
@@ -330,18 +328,41 @@ mod tests {
         assert!(pool.is_empty());
     }
 
+    /// Each batch as its rows' lengths and its padded length, in order.
+    fn lens_and_seq(batches: Vec<Planned>, len_of: impl Fn(u64, usize) -> usize) -> Vec<(Vec<usize>, usize)> {
+        let mut batches: Vec<(Vec<usize>, usize)> = batches.into_iter().map(|b| (b.items.iter().map(|&(j, i)| len_of(j, i)).collect(), b.seq)).collect();
+        batches.sort();
+        batches
+    }
+
     #[test]
-    fn batches_stay_in_one_bucket_and_round_up_to_eight() {
+    fn batches_pad_little_and_round_up_to_eight() {
         let p = policy(&[(16, 8), (64, 8)], Order::Sorted);
         let mut pool = Pool::default();
         let lens = vec![3, 60, 10, 17, 5];
         pool.add(1, lens.clone(), Order::Sorted);
-        let mut batches: Vec<(Vec<usize>, usize)> =
-            drain(&mut pool, &p).into_iter().map(|b| (b.items.iter().map(|&(_, i)| lens[i]).collect(), b.seq)).collect();
-        batches.sort();
-        // 17 and 60 share a bucket, but together they would waste 43 tokens of padding:
-        // each runs alone, rounded up to a multiple of 8.
-        assert_eq!(batches, vec![(vec![3, 5, 10], 16), (vec![17], 24), (vec![60], 64)]);
+        // 17 takes the short ones from the lower bucket into one call at 24:
+        // padding them costs less than a second call. With 60 they would pad
+        // 4 rows by 40 tokens or more.
+        assert_eq!(lens_and_seq(drain(&mut pool, &p), |_, i| lens[i]), vec![(vec![3, 5, 10, 17], 24), (vec![60], 64)]);
+    }
+
+    #[test]
+    fn a_batch_takes_shorter_rows_from_lower_buckets_up_to_its_own_batch_size() {
+        // Single texts from many clients: a few in each bucket. A call each
+        // would cost more than padding the shorter ones a little.
+        let lens = vec![20, 22, 23, 30, 33, 38, 50, 55, 60, 62, 63];
+        let plan = |top_batch| {
+            let p = policy(&[(24, 64), (40, 64), (64, top_batch)], Order::Sorted);
+            let mut pool = Pool::default();
+            for (job, &len) in lens.iter().enumerate() {
+                pool.add(job as u64, vec![len], Order::Sorted);
+            }
+            lens_and_seq(drain(&mut pool, &p), |job, _| lens[job as usize])
+        };
+        assert_eq!(plan(8), vec![(vec![20, 22, 23, 30, 33, 38], 40), (vec![50, 55, 60, 62, 63], 64)]);
+        // The top bucket runs at most 4 rows, whatever their length.
+        assert_eq!(plan(4), vec![(vec![20, 22, 23, 30, 33, 38], 40), (vec![50, 55], 56), (vec![60, 62, 63], 64)]);
     }
 
     #[test]

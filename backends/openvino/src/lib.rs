@@ -285,7 +285,11 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         precision: precision.into(),
         shapes: InputShapes::Dynamic,
         takes_token_type_ids: inputs.iter().any(|n| n == "token_type_ids"),
-        seq_multiple: 1,
+        // AMX multiplies bf16 in tiles of 16 rows: lengths padded to 16 ran
+        // 4-7 % faster than unpadded ones on a Xeon with AMX, and new shapes
+        // (each compiles its kernels on first use) became 16 times rarer.
+        // In f32, padding only cost (-5 %).
+        seq_multiple: if precision == "bf16" { 16 } else { 1 },
         accelerated_layers: None,
         runtime_version: Some(version),
     };
