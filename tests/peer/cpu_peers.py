@@ -256,6 +256,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def same_precision_line(best, chosen):
+    """auto's bulk against the in-process limit at the precision auto serves:
+    the OpenVINO bf16 limit for a bf16 variant, onnxruntime's for the rest."""
+    bf16 = "bf16" in chosen.split()
+    limit = best["openvino_bf16_limit"] if bf16 else best["limit"]
+    name = "OpenVINO bf16 limit" if bf16 else "limit"
+    if not limit:
+        return f"auto ({chosen}) bulk / {name}: not measured"
+    return f"auto ({chosen}) bulk / the {name}, the same precision: {best['eeane auto (the default)']['bulk'] / limit:.2f}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eeane", required=True, help="the eeane binary")
@@ -347,7 +358,8 @@ def main():
              *([f"OpenVINO bf16 limit: Python OpenVINO {ov_limit.version} in process, the same batches, async on THROUGHPUT streams: "
                 f"{best['openvino_bf16_limit']:.1f} texts/s; eeane OpenVINO bf16 bulk / it: {best['eeane OpenVINO bf16']['bulk'] / best['openvino_bf16_limit']:.2f}"]
                if ov_limit and "eeane OpenVINO bf16" in best else []),
-             f"auto chose: {auto.get('variant', {}).get('chosen')} ({auto.get('variant', {}).get('reason')})", "",
+             f"auto chose: {auto.get('variant', {}).get('chosen')} ({auto.get('variant', {}).get('reason')})",
+             same_precision_line(best, auto.get("variant", {}).get("chosen") or ""), "",
              "| server | bulk / limit | one text a request / limit | one text / bulk | idle p50 ms | min cosine to limit |"
              + (" bulk vs TEI |" if tei else ""),
              "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if tei else "")]
