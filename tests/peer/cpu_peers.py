@@ -167,6 +167,7 @@ class OpenVinoLimit:
             pad = -(-feed["input_ids"].shape[1] // 16) * 16 - feed["input_ids"].shape[1]
             self.batches.append({k: np.pad(v, ((0, 0), (0, pad))) for k, v in feed.items()})
         self.texts = limit.texts
+        self.padded_tokens = sum(feed["input_ids"].size for feed in self.batches)
         self.queue = ov.AsyncInferQueue(self.compiled, self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
         self.queue.set_callback(self.pool)
         self.run()  # the first calls of each shape compile kernels
@@ -364,8 +365,10 @@ def main():
              f"{len(os.sched_getaffinity(0))} CPUs ({os.cpu_count()} on the machine), best of {args.rounds} interleaved rounds",
              f"limit: Python onnxruntime {ort.__version__} in process, sorted batches of 32: {lim:.1f} texts/s",
              *([f"OpenVINO bf16 limit: Python OpenVINO {ov_limit.version} in process, the same batches, async on THROUGHPUT streams: "
-                f"{best['openvino_bf16_limit']:.1f} texts/s; eeane OpenVINO bf16 bulk / it: {best['eeane OpenVINO bf16']['bulk'] / best['openvino_bf16_limit']:.2f}"]
-               if ov_limit and "eeane OpenVINO bf16" in best else []),
+                f"{best['openvino_bf16_limit']:.1f} texts/s ({ov_limit.padded_tokens} padded tokens a pass)"
+                + (f"; eeane OpenVINO bf16 bulk / it: {best['eeane OpenVINO bf16']['bulk'] / best['openvino_bf16_limit']:.2f}"
+                   if "eeane OpenVINO bf16" in best else "")]
+               if ov_limit else []),
              f"auto chose: {auto.get('variant', {}).get('chosen')} ({auto.get('variant', {}).get('reason')})",
              same_precision_line(best, auto.get("variant", {}).get("chosen") or ""), "",
              "| server | bulk / limit | one text a request / limit | one text / bulk | idle p50 ms | min cosine to limit |"
