@@ -445,7 +445,11 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
             }
         }
         while let Some(&device) = idle.last() {
+            let waiting = pool.waiting();
             let Some(mut planned) = pool.next_batch(&pipeline.policy) else { break };
+            // How full the pool was against what the plan took: with few
+            // requests in flight, the batches' size and padding follow from it.
+            tracing::trace!(target: "eeane::batcher", waiting, rows = planned.items.len(), seq = planned.seq, "batch planned");
             planned.items.retain(|(id, _)| match active.get_mut(id) {
                 Some(a) if a.started => true,
                 Some(a) => {

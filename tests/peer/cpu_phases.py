@@ -9,18 +9,29 @@ Each phase prints its rate, wall time, the server's and each engine process's
 utime+stime, this process's, the engine batches, rows a batch, and padded and
 real tokens. A fresh engine's rounds show how much its first shapes cost.
 
+--plan-log runs the server with the batcher's trace on and prints, for each
+phase, how many sequences waited in the pool when a batch was planned against
+how many the batch took.
+
 --first-call times, from Python OpenVINO at bf16 on one core, the first and
 the next two calls of shapes this process has not run, to show what a new
 shape costs an engine that prepares each one.
 
+--call-cost fits, from the same engine warm (every shape run before), a call's
+time as a fixed cost plus a cost per token, and times a change of shape
+against the same shape again: what a call of few rows pays beyond its tokens.
+
 Usage:
   ~/.cache/eeane/venv/bin/python tests/peer/cpu_phases.py --eeane target/release/eeane [--rounds 3] [--entry TOML]
   ~/.cache/eeane/venv/bin/python tests/peer/cpu_phases.py --first-call
+  ~/.cache/eeane/venv/bin/python tests/peer/cpu_phases.py --call-cost
 """
 import argparse
 import http.client
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,8 +60,10 @@ def phases(args):
     port = peers.free_port()
     (work / "eeane.toml").write_text(f"[server]\nport = {port}\nkeep_alive = -1\ncoalesce_requests = false\n\n"
                                      + peers.model_entry("m", args.entry))
+    env = {**os.environ, "EEANE_LOG": "info,eeane::batcher=trace"} if args.plan_log else None
+    log = work / "eeane.log"
     server = subprocess.Popen([args.eeane, "--config", str(work / "eeane.toml"), "serve"], stdout=subprocess.DEVNULL,
-                              stderr=open(work / "eeane.log", "w"))
+                              stderr=open(log, "w"), env=env)
     try:
         peers.wait_ready(port, "m", server)
         health = model_health(port, "m")
@@ -58,6 +71,7 @@ def phases(args):
         print(f"served: {health.get('variant', {}).get('chosen') or health.get('engine')}, engine processes {engines}")
         for r in range(args.rounds):
             for phase, per_request, clients in (("bulk", 32, 8), ("one text a request", 1, 32)):
+                log_at = log.stat().st_size
                 calls0, server0, engines0, client0 = model_health(port, "m")["engine_calls"], cpu_seconds(server.pid), [cpu_seconds(p) for p in engines], os.times()
                 started = time.perf_counter()
                 rate = peers.load_rate(port, "m", texts, per_request, clients)
@@ -69,12 +83,21 @@ def phases(args):
                 print(f"round {r + 1}, {phase}: {rate:.1f} texts/s, wall {wall:.2f} s, CPU s: server {server1 - server0:.2f}, "
                       f"engines {engine_cpu}, client {client_cpu:.2f}; {d['batches']} batches of {d['rows'] / max(1, d['batches']):.1f} rows, "
                       f"{d['padded_tokens']} padded and {d['real_tokens']} real tokens", flush=True)
+                if args.plan_log:
+                    with open(log, errors="replace") as f:
+                        f.seek(log_at)
+                        plans = [(int(m[1]), int(m[2])) for m in re.finditer(r"batch planned waiting=(\d+) rows=(\d+)", f.read())]
+                    if plans:
+                        print(f"  {len(plans)} batches planned: sequences waiting in the pool, mean {statistics.mean(w for w, _ in plans):.1f}, "
+                              f"median {statistics.median(w for w, _ in plans):.0f}; rows taken, mean {statistics.mean(r for _, r in plans):.1f}")
     finally:
         server.terminate()
         server.wait()
 
 
-def first_call():
+def openvino_call():
+    """Python OpenVINO at bf16 on one core (bounded shapes up to 64x256, as
+    eeane's last bucket), and a function that times one call of a shape in ms."""
     import numpy as np
     import openvino as ov
     core = ov.Core()
@@ -92,9 +115,39 @@ def first_call():
         request.infer(feed)
         return (time.perf_counter() - started) * 1e3
 
+    return ov.__version__, call
+
+
+def first_call():
+    _, call = openvino_call()
     call(8, 64)
     for rows, seq in [(5, 80), (7, 96), (11, 112), (13, 64), (17, 48), (19, 128), (6, 144), (9, 32), (21, 80), (3, 176)]:
         print(f"{rows}x{seq}: first call {call(rows, seq):.1f} ms, then {call(rows, seq):.1f} and {call(rows, seq):.1f}")
+
+
+def call_cost():
+    """A warm engine's call time as fixed + per-token cost (least squares over
+    the best of 5 of each shape, shapes taken in turn), and a change of shape
+    against the same shape run again."""
+    import numpy as np
+    version, call = openvino_call()
+    shapes = [(rows, seq) for rows in (1, 2, 4, 8, 16, 32) for seq in (32, 64, 96, 128)]
+    for s in shapes:
+        call(*s)
+        call(*s)
+    best = {s: float("inf") for s in shapes}
+    for _ in range(5):
+        for s in shapes:
+            best[s] = min(best[s], call(*s))
+    tokens = np.array([r * q for r, q in shapes], float)
+    fixed, per_token = np.linalg.lstsq(np.vstack([np.ones_like(tokens), tokens]).T, np.array([best[s] for s in shapes]), rcond=None)[0]
+    print(f"OpenVINO {version} bf16, one thread, shapes taken in turn: {fixed:.2f} ms a call + {per_token * 1e3:.1f} us a token "
+          f"(a call costs as much as {fixed / per_token:.0f} tokens); 1x32 {best[(1, 32)]:.2f} ms, 32x128 {best[(32, 128)]:.2f} ms")
+    for a, b in [((4, 64), (8, 64)), ((4, 64), (4, 96))]:
+        turns = [(call(*a), call(*b)) for _ in range(8)]
+        again_a, again_b = min(call(*a) for _ in range(6)), min(call(*b) for _ in range(6))
+        print(f"{a[0]}x{a[1]} and {b[0]}x{b[1]}: in turn {min(t[0] for t in turns):.2f} and {min(t[1] for t in turns):.2f} ms, "
+              f"each run again {again_a:.2f} and {again_b:.2f} ms")
 
 
 def main():
@@ -103,14 +156,18 @@ def main():
     parser.add_argument("--entry", default='precision = "auto"', help="TOML lines of the model entry beyond cpu_peers.py's")
     parser.add_argument("--texts", type=int, default=1536)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--plan-log", action="store_true", help="print the pool's size against the rows taken, per phase")
     parser.add_argument("--first-call", action="store_true", help="time first calls of new shapes in Python OpenVINO instead")
+    parser.add_argument("--call-cost", action="store_true", help="fit a warm OpenVINO call's fixed and per-token cost instead")
     args = parser.parse_args()
     if args.first_call:
         first_call()
+    elif args.call_cost:
+        call_cost()
     elif args.eeane:
         phases(args)
     else:
-        parser.error("--eeane or --first-call")
+        parser.error("--eeane, --first-call or --call-cost")
 
 
 if __name__ == "__main__":
