@@ -420,7 +420,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
             Some(Event::Done { device, items, result }) => {
                 idle.push(device);
                 let answered = deliver(&mut active, &mut pool, items, result);
-                fill.answered(answered, sent_at[device].take().map_or(Duration::ZERO, |t| t.elapsed()));
+                fill.answered(answered, sent_at[device].take().map_or(Duration::ZERO, |t| t.elapsed()), Instant::now());
                 continue;
             }
             Some(Event::Shutdown) => {

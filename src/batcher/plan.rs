@@ -235,11 +235,13 @@ impl Pool {
 /// next call, and batches swing between one row and many. So after answering
 /// `answered` jobs the device waits for as many to queue, but never longer
 /// than a quarter of its last call (capped at `FILL_WAIT_CAP`); a server
-/// that answered nothing recently (an idle one) never waits.
+/// that answered nothing within its last call's time (an idle one) never
+/// waits, so the first request after a burst is not held back either.
 #[derive(Debug, Clone, Default)]
 pub struct FillWait {
     /// Jobs answered by the last call; as many are expected back.
     expected: usize,
+    answered_at: Option<Instant>,
     last_call: Duration,
     until: Option<Instant>,
 }
@@ -248,9 +250,10 @@ pub struct FillWait {
 pub const FILL_WAIT_CAP: Duration = Duration::from_millis(20);
 
 impl FillWait {
-    /// A call that took `took` answered `answered` jobs.
-    pub fn answered(&mut self, answered: usize, took: Duration) {
+    /// A call that took `took` answered `answered` jobs at `now`.
+    pub fn answered(&mut self, answered: usize, took: Duration, now: Instant) {
         self.expected = answered;
+        self.answered_at = Some(now);
         self.last_call = took;
         self.until = None;
     }
@@ -258,7 +261,8 @@ impl FillWait {
     /// With `queued` jobs waiting at `now`: how long to wait for more before
     /// planning a batch, or `None` to plan now.
     pub fn wait(&mut self, queued: usize, now: Instant) -> Option<Duration> {
-        if queued == 0 || queued >= self.expected {
+        let recent = self.answered_at.is_some_and(|at| now.saturating_duration_since(at) <= self.last_call);
+        if queued == 0 || queued >= self.expected || !recent {
             self.until = None;
             return None;
         }
@@ -281,19 +285,22 @@ mod tests {
         let mut wait = FillWait::default();
         let now = Instant::now();
         assert_eq!(wait.wait(1, now), None, "nothing answered yet: run at once");
-        wait.answered(1, Duration::from_millis(200));
+        wait.answered(1, Duration::from_millis(200), now);
         assert_eq!(wait.wait(1, now), None, "one answered, one back: run at once");
+        wait.answered(32, Duration::from_millis(40), now);
+        let later = now + Duration::from_millis(41);
+        assert_eq!(wait.wait(1, later), None, "the last answers are older than the last call took: an idle server");
     }
 
     #[test]
     fn after_answering_many_a_device_waits_a_bounded_moment_for_them() {
         let mut wait = FillWait::default();
         let now = Instant::now();
-        wait.answered(32, Duration::from_millis(40));
+        wait.answered(32, Duration::from_millis(40), now);
         assert_eq!(wait.wait(3, now), Some(Duration::from_millis(10)), "a quarter of the last call");
         assert_eq!(wait.wait(20, now + Duration::from_millis(4)), Some(Duration::from_millis(6)), "the same deadline");
         assert_eq!(wait.wait(32, now + Duration::from_millis(5)), None, "all back: run");
-        wait.answered(32, Duration::from_secs(2));
+        wait.answered(32, Duration::from_secs(2), now);
         assert_eq!(wait.wait(1, now), Some(FILL_WAIT_CAP), "never longer than the cap");
         assert_eq!(wait.wait(1, now + FILL_WAIT_CAP), None, "the deadline passed: run what came");
         assert_eq!(wait.wait(1, now + FILL_WAIT_CAP), None, "and no second wait before the next answers");

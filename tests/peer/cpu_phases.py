@@ -7,7 +7,8 @@ One model entry (cpu_peers.py's model, buckets and corpus; `precision =
 bulk phase (32 texts a request, 8 clients) and a one-text phase (32 at once).
 Each phase prints its rate, wall time, the server's and each engine process's
 utime+stime, this process's, the engine batches, rows a batch, and padded and
-real tokens. A fresh engine's rounds show how much its first shapes cost.
+real tokens; after a one-text phase, the latency of one text a second later
+(the first request on an idle server) and then the idle p50. A fresh engine's rounds show how much its first shapes cost.
 
 --plan-log runs the server with the batcher's trace on and prints, for each
 phase, how many sequences waited in the pool when a batch was planned against
@@ -83,6 +84,14 @@ def phases(args):
                 print(f"round {r + 1}, {phase}: {rate:.1f} texts/s, wall {wall:.2f} s, CPU s: server {server1 - server0:.2f}, "
                       f"engines {engine_cpu}, client {client_cpu:.2f}; {d['batches']} batches of {d['rows'] / max(1, d['batches']):.1f} rows, "
                       f"{d['padded_tokens']} padded and {d['real_tokens']} real tokens", flush=True)
+                if per_request == 1:
+                    # An idle server again: the batcher must not hold the next request back.
+                    time.sleep(1)
+                    started = time.perf_counter()
+                    peers.post(http.client.HTTPConnection("127.0.0.1", port, timeout=60), "/v1/embeddings",
+                               {"input": [texts[0]], "model": "m", "encoding_format": "base64"})
+                    print(f"  one text, 1 s after the phase: {(time.perf_counter() - started) * 1e3:.1f} ms; "
+                          f"idle p50 {peers.idle_p50(port, 'm', texts, 10):.1f} ms")
                 if args.plan_log:
                     with open(log, errors="replace") as f:
                         f.seek(log_at)
