@@ -437,9 +437,13 @@ async fn shutdown_signal() {
 ///
 /// glibc gives each busy thread its own heap arena, up to 8 per core, and each
 /// keeps freed memory of its own: with engine, tokenizer and HTTP threads an
-/// unload left tens of MiB behind. The server, which allocates little with its
-/// engines in their own processes, uses one arena; an engine process, where the
-/// runtime's compute threads allocate at once, keeps two.
+/// unload left tens of MiB behind. The server keeps one arena per core it may
+/// use: its threads allocate at once for every request (the tokenizer
+/// allocates per token), and with one arena a third of its CPU under one text
+/// a request went to waiting on that arena's lock and waking its waiters,
+/// while its unloaded RSS is the same with one, two or four
+/// (docs/performance.md). An engine process, where the runtime's compute
+/// threads allocate at once, keeps two.
 ///
 /// glibc also raises its mmap threshold (up to 32 MiB) each time a large mmapped
 /// block is freed, so after the first unload the next model's large buffers
@@ -452,7 +456,8 @@ fn limit_malloc_arenas(engine_host: bool) {
     unsafe {
         // An operator's own glibc tuning wins.
         if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-            libc::mallopt(libc::M_ARENA_MAX, if engine_host { 2 } else { 1 });
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).min(64) as libc::c_int;
+            libc::mallopt(libc::M_ARENA_MAX, if engine_host { 2 } else { cores });
         }
         if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);

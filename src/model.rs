@@ -54,12 +54,33 @@ pub enum ModelError {
 async fn blocking<T: Send + 'static>(model: &str, what: &'static str, work: impl FnOnce() -> T + Send + 'static) -> Result<T, ModelError> {
     tokio::task::spawn_blocking(work).await.map_err(|e| {
         let message = match e.try_into_panic() {
-            Ok(payload) => payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned()).unwrap_or_default(),
+            Ok(payload) => panic_message(payload),
             Err(e) => e.to_string(),
         };
         ModelError::Panicked { model: model.to_string(), what, message }
     })
 }
+
+/// As `blocking`, on the calling async worker: for work of tens of
+/// microseconds, where handing it to the blocking pool and back costs more
+/// than the work (two thread wake-ups, and another thread on glibc's malloc).
+fn inline<T>(model: &str, what: &'static str, work: impl FnOnce() -> T) -> Result<T, ModelError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|payload| ModelError::Panicked {
+        model: model.to_string(),
+        what,
+        message: panic_message(payload),
+    })
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned()).unwrap_or_default()
+}
+
+/// Inputs up to this many bytes are tokenized on the async worker that
+/// received them. 1 KiB of English is about 250 tokens, at most a few hundred
+/// microseconds; a single text is usually far shorter, and larger inputs go
+/// to the blocking pool, where they cannot hold up other connections.
+const INLINE_TOKENIZE_BYTES: usize = 1024;
 
 impl From<WorkerError> for ModelError {
     fn from(e: WorkerError) -> Self {
@@ -190,7 +211,11 @@ impl LoadedModel {
         let tokenizer = self.tokenizer.clone();
         // Tokenizing thousands of texts takes milliseconds: keep it off the async workers.
         let started = Instant::now();
-        let (groups, longest_input): (Vec<Vec<Encoded>>, usize) = blocking(&self.config.id, "tokenizer", move || tokenizer.encode_measured(&inputs)).await??;
+        let (groups, longest_input): (Vec<Vec<Encoded>>, usize) = if inputs.bytes() <= INLINE_TOKENIZE_BYTES {
+            inline(&self.config.id, "tokenizer", || tokenizer.encode_measured(&inputs))??
+        } else {
+            blocking(&self.config.id, "tokenizer", move || tokenizer.encode_measured(&inputs)).await??
+        };
         let tokenized = started.elapsed();
         let counts: Vec<usize> = groups.iter().map(Vec::len).collect();
         let seqs: Vec<Encoded> = groups.into_iter().flatten().collect();
@@ -269,5 +294,12 @@ mod blocking_tests {
         let api = crate::http::error::ApiError::from(crate::serving::RequestError::from(&e));
         assert_eq!(api.status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(blocking("m", "tokenizer", || 3).await.unwrap(), 3);
+    }
+
+    #[test]
+    fn a_panic_in_inline_work_is_the_same_error() {
+        let e = inline("m", "tokenizer", || -> u32 { panic!("bad byte at {}", 7) }).unwrap_err();
+        assert!(matches!(&e, ModelError::Panicked { model, what: "tokenizer", message } if model == "m" && message == "bad byte at 7"), "{e}");
+        assert_eq!(inline("m", "tokenizer", || 3).unwrap(), 3);
     }
 }

@@ -26,6 +26,17 @@ pub enum Inputs {
     },
 }
 
+impl Inputs {
+    /// The size of the text to tokenize, in bytes (a token id counts 8).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Inputs::Texts(texts) => texts.iter().map(String::len).sum(),
+            Inputs::TokenIds(all) => all.iter().map(|ids| ids.len() * 8).sum(),
+            Inputs::Pairs { query, documents } => documents.iter().map(|d| query.len() + d.len()).sum(),
+        }
+    }
+}
+
 /// One sequence ready for an engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Encoded {
