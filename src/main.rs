@@ -121,15 +121,6 @@ enum Command {
     EngineHost,
 }
 
-// Rust's allocations use glibc's malloc, as the C runtimes do. mimalloc (its
-// per-thread heaps take no shared lock) tokenized faster concurrently: with
-// glibc limited to one arena, two threads tokenizing at once did 0.6x the
-// texts of one on 2 cores. But as the global allocator the server kept 17-22 %
-// more RSS after each unload (tests/lifecycle.rs
-// memory_is_given_back_after_an_unload fails with it and passes without,
-// 2026-12-01). Turning it back on needs its freed pages handed back on unload.
-use mimalloc as _;
-
 fn main() -> ExitCode {
     write_errors_instead_of_sigxfsz();
     let cli = Cli::parse();
@@ -439,11 +430,13 @@ async fn shutdown_signal() {
 /// keeps freed memory of its own: with engine, tokenizer and HTTP threads an
 /// unload left tens of MiB behind. The server keeps one arena per core it may
 /// use: its threads allocate at once for every request (the tokenizer
-/// allocates per token), and with one arena a third of its CPU under one text
-/// a request went to waiting on that arena's lock and waking its waiters,
-/// while its unloaded RSS is the same with one, two or four
-/// (docs/performance.md). An engine process, where the runtime's compute
-/// threads allocate at once, keeps two.
+/// allocates per token). With one arena they queued on its lock and woke each
+/// other: under one text a request the server spent 1.4-1.6 times the CPU it
+/// spends with one a core, while its unloaded RSS is the same with one, two
+/// or four (docs/performance.md). An engine process, where the runtime's compute
+/// threads allocate at once, keeps two. Rust's allocations use glibc too:
+/// mimalloc as the global allocator escaped the one arena's lock, but kept
+/// 17-22 % more RSS after each unload (2026-12-01).
 ///
 /// glibc also raises its mmap threshold (up to 32 MiB) each time a large mmapped
 /// block is freed, so after the first unload the next model's large buffers

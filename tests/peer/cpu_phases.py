@@ -4,7 +4,8 @@ counters from /health.
 
 One model entry (cpu_peers.py's model, buckets and corpus; `precision =
 "auto"` unless --entry says otherwise) on a fresh server, then ROUNDS times a
-bulk phase (32 texts a request, 8 clients) and a one-text phase (32 at once).
+bulk phase (32 texts a request, 8 clients) and a one-text phase (32 at once,
+or --one-clients).
 Each phase prints its rate, wall time, the server's and each engine process's
 utime+stime, this process's, the engine batches, rows a batch, and padded and
 real tokens; after a one-text phase, the latency of one text a second later
@@ -19,13 +20,15 @@ the next two calls of shapes this process has not run, to show what a new
 shape costs an engine that prepares each one.
 
 --call-cost fits, from the same engine warm (every shape run before), a call's
-time as a fixed cost plus a cost per token, and times a change of shape
-against the same shape again: what a call of few rows pays beyond its tokens.
+time as a fixed cost plus a cost per token, prints each shape's time run
+again, and times small shapes taken in turn against each run again: what a
+call of few rows pays beyond its tokens, and what a change of shape adds.
+--openvino-property KEY=VALUE (repeatable) compiles with extra properties.
 
 Usage:
   ~/.cache/eeane/venv/bin/python tests/peer/cpu_phases.py --eeane target/release/eeane [--rounds 3] [--entry TOML]
   ~/.cache/eeane/venv/bin/python tests/peer/cpu_phases.py --first-call
-  ~/.cache/eeane/venv/bin/python tests/peer/cpu_phases.py --call-cost
+  ~/.cache/eeane/venv/bin/python tests/peer/cpu_phases.py --call-cost [--openvino-property SNIPPETS_MODE=DISABLE]
 """
 import argparse
 import http.client
@@ -71,7 +74,7 @@ def phases(args):
         engines = [pid for pid in health.get("engine_pids") or [] if pid]
         print(f"served: {health.get('variant', {}).get('chosen') or health.get('engine')}, engine processes {engines}")
         for r in range(args.rounds):
-            for phase, per_request, clients in (("bulk", 32, 8), ("one text a request", 1, 32)):
+            for phase, per_request, clients in (("bulk", 32, 8), (f"one text a request, {args.one_clients} at once", 1, args.one_clients)):
                 log_at = log.stat().st_size
                 calls0, server0, engines0, client0 = model_health(port, "m")["engine_calls"], cpu_seconds(server.pid), [cpu_seconds(p) for p in engines], os.times()
                 started = time.perf_counter()
@@ -104,9 +107,10 @@ def phases(args):
         server.wait()
 
 
-def openvino_call():
+def openvino_call(extra=None):
     """Python OpenVINO at bf16 on one core (bounded shapes up to 64x256, as
-    eeane's last bucket), and a function that times one call of a shape in ms."""
+    eeane's last bucket), with `extra` compile properties, and a function
+    that times one call of a shape in ms."""
     import numpy as np
     import openvino as ov
     core = ov.Core()
@@ -114,7 +118,7 @@ def openvino_call():
     shape = ov.PartialShape([ov.Dimension(1, 64), ov.Dimension(1, 256)])
     model.reshape({i.get_any_name(): shape for i in model.inputs})
     request = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16", "PERFORMANCE_HINT": "LATENCY",
-                                                "INFERENCE_NUM_THREADS": 1}).create_infer_request()
+                                                "INFERENCE_NUM_THREADS": 1, **(extra or {})}).create_infer_request()
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
 
     def call(rows, seq):
@@ -134,29 +138,43 @@ def first_call():
         print(f"{rows}x{seq}: first call {call(rows, seq):.1f} ms, then {call(rows, seq):.1f} and {call(rows, seq):.1f}")
 
 
-def call_cost():
-    """A warm engine's call time as fixed + per-token cost (least squares over
-    the best of 5 of each shape, shapes taken in turn), and a change of shape
-    against the same shape run again."""
-    import numpy as np
-    version, call = openvino_call()
-    shapes = [(rows, seq) for rows in (1, 2, 4, 8, 16, 32) for seq in (32, 64, 96, 128)]
+def in_turn_best(call, shapes, rounds):
+    """Each shape's best time over `rounds` passes that take the shapes in
+    turn (so every call changes shape), after two warm-up calls each."""
     for s in shapes:
         call(*s)
         call(*s)
     best = {s: float("inf") for s in shapes}
-    for _ in range(5):
+    for _ in range(rounds):
         for s in shapes:
             best[s] = min(best[s], call(*s))
+    return best
+
+
+def call_cost(extra=None):
+    """A warm engine's call time as fixed + per-token cost (least squares over
+    the best of 5 of each shape, shapes taken in turn), each shape's time run
+    again, and what a change of shape costs: small shapes taken in turn
+    against each run again."""
+    import numpy as np
+    version, call = openvino_call(extra)
+    rows_list, seqs = (1, 2, 4, 8, 16, 32), (16, 32, 64, 128)
+    shapes = [(rows, seq) for rows in rows_list for seq in seqs]
+    best = in_turn_best(call, shapes, 5)
     tokens = np.array([r * q for r, q in shapes], float)
     fixed, per_token = np.linalg.lstsq(np.vstack([np.ones_like(tokens), tokens]).T, np.array([best[s] for s in shapes]), rcond=None)[0]
-    print(f"OpenVINO {version} bf16, one thread, shapes taken in turn: {fixed:.2f} ms a call + {per_token * 1e3:.1f} us a token "
+    print(f"OpenVINO {version} bf16 {extra or ''}, one thread, shapes taken in turn: {fixed:.2f} ms a call + {per_token * 1e3:.1f} us a token "
           f"(a call costs as much as {fixed / per_token:.0f} tokens); 1x32 {best[(1, 32)]:.2f} ms, 32x128 {best[(32, 128)]:.2f} ms")
-    for a, b in [((4, 64), (8, 64)), ((4, 64), (4, 96))]:
-        turns = [(call(*a), call(*b)) for _ in range(8)]
-        again_a, again_b = min(call(*a) for _ in range(6)), min(call(*b) for _ in range(6))
-        print(f"{a[0]}x{a[1]} and {b[0]}x{b[1]}: in turn {min(t[0] for t in turns):.2f} and {min(t[1] for t in turns):.2f} ms, "
-              f"each run again {again_a:.2f} and {again_b:.2f} ms")
+    again = {s: min(call(*s) for _ in range(5)) for s in shapes}
+    print("each shape run again, best of 5, ms (rows x length):")
+    print("rows " + "".join(f"{q:>9}" for q in seqs))
+    for rows in rows_list:
+        print(f"{rows:>4} " + "".join(f"{again[(rows, q)]:9.2f}" for q in seqs))
+    small = [(5, 48), (7, 64), (3, 96), (9, 32), (6, 80), (4, 128), (8, 48), (2, 160)]
+    in_turn = in_turn_best(call, small, 6)
+    repeated = {s: min(call(*s) for _ in range(6)) for s in small}
+    print(f"{len(small)} small shapes: in turn {sum(in_turn.values()):.1f} ms, each run again {sum(repeated.values()):.1f} ms: "
+          f"a change of shape costs {(sum(in_turn.values()) - sum(repeated.values())) / len(small):.2f} ms a call")
 
 
 def main():
@@ -165,14 +183,17 @@ def main():
     parser.add_argument("--entry", default='precision = "auto"', help="TOML lines of the model entry beyond cpu_peers.py's")
     parser.add_argument("--texts", type=int, default=1536)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--one-clients", type=int, default=32, help="texts in flight in the one-text phase (32, as cpu_peers.py)")
     parser.add_argument("--plan-log", action="store_true", help="print the pool's size against the rows taken, per phase")
     parser.add_argument("--first-call", action="store_true", help="time first calls of new shapes in Python OpenVINO instead")
     parser.add_argument("--call-cost", action="store_true", help="fit a warm OpenVINO call's fixed and per-token cost instead")
+    parser.add_argument("--openvino-property", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --call-cost: an extra OpenVINO compile property, e.g. SNIPPETS_MODE=DISABLE")
     args = parser.parse_args()
     if args.first_call:
         first_call()
     elif args.call_cost:
-        call_cost()
+        call_cost(dict(p.split("=", 1) for p in args.openvino_property))
     elif args.eeane:
         phases(args)
     else:
