@@ -61,9 +61,9 @@ async fn blocking<T: Send + 'static>(model: &str, what: &'static str, work: impl
     })
 }
 
-/// As `blocking`, on the calling async worker: for work of tens of
-/// microseconds, where handing it to the blocking pool and back costs more
-/// than the work (two thread wake-ups, and another thread on glibc's malloc).
+/// As `blocking`, on the calling async worker: for short work, where handing
+/// it to the blocking pool and back (two thread wake-ups, and one more thread
+/// allocating at once) costs about as much as the work.
 fn inline<T>(model: &str, what: &'static str, work: impl FnOnce() -> T) -> Result<T, ModelError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|payload| ModelError::Panicked {
         model: model.to_string(),
@@ -209,7 +209,7 @@ impl LoadedModel {
     /// the model normalizes.
     pub async fn embed(&self, inputs: Arc<Inputs>, deadline: Option<Instant>) -> Result<Inference, ModelError> {
         let tokenizer = self.tokenizer.clone();
-        // Tokenizing thousands of texts takes milliseconds: keep it off the async workers.
+        // Tokenizing thousands of texts takes milliseconds: only small inputs stay on the async worker.
         let started = Instant::now();
         let (groups, longest_input): (Vec<Vec<Encoded>>, usize) = if inputs.bytes() <= INLINE_TOKENIZE_BYTES {
             inline(&self.config.id, "tokenizer", || tokenizer.encode_measured(&inputs))??
