@@ -23,8 +23,18 @@ a row, each with positions from 0 and attending only to itself.
    Printed: calls, tokens computed, ms, and us a real token; the ratio of
    packed to padded for each pool size.
 
+--unpadded measures another way around padding instead: a graph that runs
+the per-token layers (projections, feed-forward, layer norms) on the real
+tokens only, gathered from the padded batch by the mask, and scatters them
+back to [rows, seq] for each layer's attention and for the output. Its
+inputs and outputs are the model's, so eeane can serve it as it is
+(`--write-unpadded PATH`, then `cpu_phases.py --graph PATH`). Printed: its
+least cosine to the padded graph over the padded calls' texts (mean-pooled
+real tokens), and both graphs' time on the same padded calls, in turn.
+
 Usage:
   ~/.cache/eeane/venv/bin/python tests/peer/cpu_packing.py [--pools 18,32,256] [--pack 128,256]
+  ~/.cache/eeane/venv/bin/python tests/peer/cpu_packing.py --unpadded [--write-unpadded PATH]
 """
 import argparse
 import os
@@ -84,6 +94,137 @@ def packed_graph(path):
     graph.input.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence"]))
     graph.input.append(helper.make_tensor_value_info("attention_bias", TensorProto.FLOAT, ["batch", 1, "sequence", "sequence"]))
     return model
+
+
+def unpadded_graph(path):
+    """The model's graph with its per-token layers on the real tokens only:
+    the embeddings' output is gathered by the mask into [tokens, hidden];
+    each layer's query, key and value projections are scattered back to
+    [rows, seq, hidden] before the heads are split (a padded position reads a
+    zero row), and the merged heads gathered again; the last layer's output is
+    scattered back into `last_hidden_state`. Relies on models/bert_onnx.py's
+    names (`split_heads`, `merge_heads`)."""
+    import onnx
+    from onnx import helper, numpy_helper
+    model = onnx.load(str(path))
+    graph = model.graph
+    nodes = list(graph.node)
+    producer = {o: n for n in nodes for o in n.output}
+    splits = [n for n in nodes if n.op_type == "Reshape" and n.input[1] == "split_heads"]
+    merges = [n for n in nodes if n.op_type == "Reshape" and n.input[1] == "merge_heads"]
+    if not splits or len(splits) != 3 * len(merges):
+        raise SystemExit(f"{path}: {len(splits)} head splits and {len(merges)} merges: not a graph this script knows")
+    first_projection = producer[producer[splits[0].input[0]].input[0]]
+    embeddings = first_projection.input[0]
+    hidden = next(i for i in graph.initializer if i.name == first_projection.input[1]).dims[1]
+    graph.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), "unpad_flat"),
+                              numpy_helper.from_array(np.array([-1, hidden], np.int64), "unpad_token_rows"),
+                              numpy_helper.from_array(np.array([hidden], np.int64), "unpad_hidden"),
+                              numpy_helper.from_array(np.zeros((1, hidden), np.float32), "unpad_zero_row"),
+                              numpy_helper.from_array(np.array(0, np.int64), "unpad_axis_0")])
+    added = []
+
+    def node(op, inputs, out, **attrs):
+        added.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        return out
+
+    mask = node("Reshape", ["attention_mask", "unpad_flat"], "unpad_mask")
+    # Where each real token sits in the flat batch, and for each position its
+    # token's place in [zero row; tokens] (0 for padding).
+    real = node("Reshape", [node("NonZero", [mask], "unpad_nonzero"), "unpad_flat"], "unpad_real")
+    place = node("Mul", [node("CumSum", [mask, "unpad_axis_0"], "unpad_cumsum"), mask], "unpad_place")
+    padded_shape = node("Concat", [node("Shape", ["input_ids"], "unpad_rows_seq"), "unpad_hidden"], "unpad_padded_shape", axis=0)
+
+    def gather(t):
+        return node("Gather", [node("Reshape", [t, "unpad_token_rows"], t + "_flat"), real], t + "_tokens", axis=0)
+
+    def scatter(t, out=None):
+        with_zero = node("Concat", ["unpad_zero_row", t], t + "_with_zero", axis=0)
+        return node("Reshape", [node("Gather", [with_zero, place], t + "_positions", axis=0), padded_shape], out or t + "_padded")
+
+    def reroute(old, new):
+        for n in nodes:
+            n.input[:] = [new if i == old else i for i in n.input]
+
+    reroute(embeddings, gather(embeddings))
+    for n in splits:
+        n.input[0] = scatter(n.input[0])
+    for n in merges:
+        reroute(n.output[0], gather(n.output[0]))
+    last = producer[graph.output[0].name]
+    last.output[0] = graph.output[0].name + "_tokens"
+    scatter(last.output[0], graph.output[0].name)
+    # Topological order: each added node once its inputs exist.
+    known = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    ordered, pending = [], nodes + added
+    while pending:
+        ready = [n for n in pending if all(i in known for i in n.input if i)]
+        if not ready:
+            raise SystemExit(f"{path}: the unpadded graph has a cycle")
+        for n in ready:
+            ordered.append(n)
+            known.update(n.output)
+        pending = [n for n in pending if n not in ready]
+    del graph.node[:]
+    graph.node.extend(ordered)
+    onnx.checker.check_model(model)
+    return model
+
+
+def unpadded_run(args, texts, real):
+    """The padded calls of each pool size through the padded and the
+    unpadded graph, in turn; the unpadded graph's fidelity on them."""
+    import onnx
+    import openvino as ov
+    model = unpadded_graph(peers.MODEL_DIR / "model.onnx")
+    work = Path(args.write_unpadded or Path(os.environ.get("TMPDIR", "/tmp")) / f"eeane-unpadded-{os.getpid()}.onnx")
+    onnx.save(model, str(work))
+    core = ov.Core()
+    config = {"INFERENCE_PRECISION_HINT": "bf16", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1}
+    requests = []
+    for path in (peers.MODEL_DIR / "model.onnx", work):
+        graph = core.read_model(str(path))
+        graph.reshape({i.get_any_name(): ov.PartialShape([ov.Dimension(1, MAX_ROWS), ov.Dimension(1, 256)]) for i in graph.inputs})
+        requests.append(core.compile_model(graph, "CPU", config).create_infer_request())
+    if not args.write_unpadded:
+        work.unlink()
+    os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    padded, unpadded = requests
+    print(f"OpenVINO {ov.__version__} bf16, one thread; {len(texts)} texts, {real} real tokens")
+    print("| pool | calls | tokens computed | padded ms | unpadded ms | unpadded / padded | least cosine |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for pool_size in [int(p) for p in args.pools.split(",")]:
+        calls = [padded_feed(run, round_up(len(run[-1]))) for run in bucket_runs(texts, pool_size)]
+        worst = 1.0
+        for feed, mask in calls:
+            a, b = padded.infer(feed)[0].copy(), unpadded.infer(feed)[0]
+            for r in range(len(mask)):
+                n = int(mask[r].sum())
+                worst = min(worst, float(mean_pool(a, r, 0, n) @ mean_pool(b, r, 0, n)))
+        best = {"padded": float("inf"), "unpadded": float("inf")}
+        for _ in range(2):
+            for name, request in (("padded", padded), ("unpadded", unpadded)):
+                started = time.perf_counter()
+                for feed, _ in calls:
+                    request.infer(feed)
+                best[name] = min(best[name], time.perf_counter() - started)
+        tokens = sum(f["input_ids"].size for f, _ in calls)
+        print(f"| {pool_size} | {len(calls)} | {tokens} | {best['padded'] * 1e3:.0f} | {best['unpadded'] * 1e3:.0f} | "
+              f"{best['unpadded'] / best['padded']:.2f} | {worst:.6f} |", flush=True)
+
+
+def bucket_runs(texts, pool_size):
+    """The corpus as pools of `pool_size` in order, each cut by the length
+    buckets into runs sorted by length, of at most MAX_ROWS."""
+    runs = []
+    for i in range(0, len(texts), pool_size):
+        by_bucket = {}
+        for t in texts[i:i + pool_size]:
+            by_bucket.setdefault(next((b for b in BUCKETS if len(t) <= b), BUCKETS[-1]), []).append(t)
+        for run in by_bucket.values():
+            run.sort(key=len)
+            runs += [run[k:k + MAX_ROWS] for k in range(0, len(run), MAX_ROWS)]
+    return runs
 
 
 def compile_both(max_seq):
@@ -165,6 +306,8 @@ def main():
     parser.add_argument("--pools", default="18,32,256", help="texts the batcher chooses from, comma-separated")
     parser.add_argument("--pack", default="128,256", help="most tokens in a packed row, comma-separated")
     parser.add_argument("--texts", type=int, default=1536)
+    parser.add_argument("--unpadded", action="store_true", help="measure the unpadded graph against the padded one instead")
+    parser.add_argument("--write-unpadded", metavar="PATH", help="with --unpadded: keep the unpadded graph at PATH")
     args = parser.parse_args()
     from tokenizers import Tokenizer
     tokenizer = Tokenizer.from_file(str(peers.MODEL_DIR / "tokenizer.json"))
@@ -172,6 +315,9 @@ def main():
     tokenizer.enable_truncation(peers.MAX_TOKENS)
     texts = [e.ids for e in tokenizer.encode_batch(peers.corpus(args.texts))]
     real = sum(len(t) for t in texts)
+    if args.unpadded:
+        unpadded_run(args, texts, real)
+        return
     limits = [int(p) for p in args.pack.split(",")]
     padded, packed, version = compile_both(max(limits + [256]))
 
@@ -193,16 +339,7 @@ def main():
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for pool_size in [int(p) for p in args.pools.split(",")]:
         pools = [texts[i:i + pool_size] for i in range(0, len(texts), pool_size)]
-        padded_calls = []
-        for pool in pools:
-            by_bucket = {}
-            for t in pool:
-                by_bucket.setdefault(next((b for b in BUCKETS if len(t) <= b), BUCKETS[-1]), []).append(t)
-            for run in by_bucket.values():
-                run.sort(key=len)
-                for k in range(0, len(run), MAX_ROWS):
-                    chunk = run[k:k + MAX_ROWS]
-                    padded_calls.append(padded_feed(chunk, round_up(len(chunk[-1])))[0])
+        padded_calls = [padded_feed(run, round_up(len(run[-1])))[0] for run in bucket_runs(texts, pool_size)]
         for limit in limits:
             packed_calls = []
             for pool in pools:

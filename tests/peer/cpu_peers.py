@@ -72,9 +72,10 @@ def corpus(n):
     return texts
 
 
-def model_entry(id, lines):
-    """An eeane [[models]] entry for the model, its settings plus `lines`."""
-    return (f'[[models]]\nid = "{id}"\nmodel = "{MODEL_DIR}/model.onnx"\ntokenizer = "{MODEL_DIR}/tokenizer.json"\n'
+def model_entry(id, lines, graph=None):
+    """An eeane [[models]] entry for the model, its settings plus `lines`;
+    `graph`, another ONNX file with the same inputs and outputs."""
+    return (f'[[models]]\nid = "{id}"\nmodel = "{graph or MODEL_DIR / "model.onnx"}"\ntokenizer = "{MODEL_DIR}/tokenizer.json"\n'
             f'pooling = "mean"\nmax_tokens = {MAX_TOKENS}\nload_policy = "resident"\n{BUCKETS}\n{lines}\n')
 
 

@@ -3,7 +3,8 @@ its engine processes and this client over each phase, with the engines' batch
 counters from /health.
 
 One model entry (cpu_peers.py's model, buckets and corpus; `precision =
-"auto"` unless --entry says otherwise) on a fresh server, then ROUNDS times a
+"auto"` unless --entry says otherwise; --graph serves another ONNX file of
+the same inputs and outputs) on a fresh server, then ROUNDS times a
 bulk phase (32 texts a request, 8 clients) and a one-text phase (32 at once,
 or --one-clients).
 Each phase prints its rate, wall time, the server's and each engine process's
@@ -63,7 +64,7 @@ def phases(args):
     work = Path(tempfile.mkdtemp(prefix="eeane-phases-"))
     port = peers.free_port()
     (work / "eeane.toml").write_text(f"[server]\nport = {port}\nkeep_alive = -1\ncoalesce_requests = false\n\n"
-                                     + peers.model_entry("m", args.entry))
+                                     + peers.model_entry("m", args.entry, args.graph))
     env = {**os.environ, "EEANE_LOG": "info,eeane::batcher=trace"} if args.plan_log else None
     log = work / "eeane.log"
     server = subprocess.Popen([args.eeane, "--config", str(work / "eeane.toml"), "serve"], stdout=subprocess.DEVNULL,
@@ -182,6 +183,7 @@ def main():
     parser.add_argument("--eeane", help="the eeane binary")
     parser.add_argument("--entry", default='precision = "auto"', help="TOML lines of the model entry beyond cpu_peers.py's")
     parser.add_argument("--texts", type=int, default=1536)
+    parser.add_argument("--graph", help="serve this ONNX file (same inputs and outputs) in place of the model's, e.g. cpu_packing.py --write-unpadded's")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--one-clients", type=int, default=32, help="texts in flight in the one-text phase (32, as cpu_peers.py)")
     parser.add_argument("--plan-log", action="store_true", help="print the pool's size against the rows taken, per phase")
