@@ -9,8 +9,9 @@ Rows, each measured in every round, in turn (this machine's figures move
 - eeane, one model entry per precision it offers here (ONNX Runtime fp32,
   OpenVINO f32, OpenVINO bf16 where the CPU has bf16) and the default,
   precision = "auto";
-- TEI, when --tei-router names a text-embeddings-router binary (built from
-  TEI's source with its `ort` feature; nothing here builds it).
+- TEI, when --tei-router names a text-embeddings-router binary
+  (tests/peer/build_tei.sh builds it from TEI's source at a pinned commit,
+  with its `ort` feature only).
 
 Every row is timed warm: the limits after a pass over their batches, each
 server after one untimed bulk pass.
