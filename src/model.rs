@@ -162,6 +162,8 @@ impl LoadedModel {
             compile_cache: Some(server.cache_dir().join("compiled").join(&config.engine)),
             compile_cache_limit: server.server.compile_cache_limit(),
             shapes: policy.buckets.iter().map(|b| (b.max_batch, b.max_tokens)).collect(),
+            // Set per engine by the batcher, which gives each its CPUs.
+            own_cpus_in_shared_process: false,
         };
         // A reranker's output is a score: never normalized.
         let normalize = config.normalize && config.kind == crate::config::ModelKind::Embedding;

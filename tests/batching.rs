@@ -92,7 +92,11 @@ fn allowed_cpus(pid: u32, task: Option<&str>) -> Vec<usize> {
         None => format!("/proc/{pid}/status"),
     };
     let status = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).expect("Cpus_allowed_list").trim().to_string();
+    cpu_list(status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).expect("Cpus_allowed_list").trim())
+}
+
+/// A CPU list as Linux and `taskset -c` write it ("0-3,8").
+fn cpu_list(list: &str) -> Vec<usize> {
     list.split(',')
         .flat_map(|part| match part.split_once('-') {
             Some((a, b)) => (a.parse::<usize>().unwrap()..=b.parse().unwrap()).collect::<Vec<_>>(),
@@ -169,6 +173,65 @@ fn two_cpu_engines_each_run_on_their_own_cores() {
     }
     let batches = health["engine_calls"]["per_device"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect::<Vec<_>>();
     assert!(batches.iter().all(|&b| b > 0), "both engines ran batches: {batches:?}");
+}
+
+/// OpenVINO pins its compute threads by a CPU map of its own, one for the
+/// whole process: two engines on threads of the server's process, kept to
+/// CPU 0 and CPU 1, both computed on CPU 0 and served half as fast as in two
+/// processes, their threads' masks rewritten. Each engine's thread keeps the
+/// CPUs the server gave it.
+#[test]
+fn openvino_engines_on_threads_of_one_process_keep_their_own_cores() {
+    let cores = physical_cores(&allowed_cpus(std::process::id(), None));
+    if cores.len() < 2 {
+        println!("skipped: {} physical core(s), nothing to split", cores.len());
+        return;
+    }
+    let entry = common::model_entry("pair", "all-minilm-l6-v2", "device = [\"cpu\", \"cpu\"]\nisolation = \"thread\"\nload_policy = \"resident\"")
+        .replace("engine = \"onnxruntime\"", "engine = \"openvino\"");
+    let server = Server::start(Some(&entry), &[]);
+    let texts = fixture_texts();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, texts) = (server.url.clone(), texts.clone());
+            thread::spawn(move || {
+                let client = reqwest::blocking::Client::new();
+                for _ in 0..3 {
+                    let r = client.post(format!("{url}/v1/embeddings")).json(&json!({"model": "pair", "input": texts})).send().unwrap();
+                    assert_eq!(r.status().as_u16(), 200);
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    let health = server.model_health("pair");
+    assert_eq!(health["engine"], "openvino", "{health}");
+    assert!(health["engine_pids"].as_array().is_none_or(Vec::is_empty), "engines should run on the server's threads: {health}");
+    let device = health["device"].as_str().unwrap();
+    let sets: Vec<Vec<usize>> = device.split("(cpus ").skip(1).map(|rest| cpu_list(rest.split(')').next().unwrap())).collect();
+    assert_eq!(sets.len(), 2, "{health}");
+    assert!(sets[0].iter().all(|c| !sets[1].contains(c)), "the engines share CPUs: {sets:?}");
+    // The thread eeane started for engine i is the first of the threads named
+    // after it (the runtime's own threads inherit the name).
+    let pid = server.pid();
+    let mut tasks: Vec<(u32, String)> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| {
+            let tid = t.unwrap().file_name().into_string().unwrap();
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+            (tid.parse().unwrap(), comm.trim().to_string())
+        })
+        .collect();
+    tasks.sort();
+    for (i, set) in sets.iter().enumerate() {
+        let name = format!("engine-pair-{i}");
+        let (tid, _) = tasks.iter().find(|(_, comm)| *comm == name).unwrap_or_else(|| panic!("no thread {name}: {tasks:?}"));
+        let allowed = allowed_cpus(pid, Some(&tid.to_string()));
+        assert_eq!(&allowed, set, "engine {i}'s thread may run on {allowed:?}, not on the CPUs it was given");
+    }
+    println!("two OpenVINO engines on threads of one process: {device}");
 }
 
 #[test]

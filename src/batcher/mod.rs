@@ -217,6 +217,7 @@ fn start_device(
                     false
                 }
             });
+            let spec = EngineSpec { own_cpus_in_shared_process: pinned.is_some() && matches!(launch, Launch::Thread(_)), ..spec };
             let mut engine = match Runner::start(&launch, &model, spec, &pipeline) {
                 Ok(engine) => engine,
                 Err(e) => {

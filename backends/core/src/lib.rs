@@ -119,6 +119,13 @@ pub struct EngineSpec {
     /// The model's length buckets as `(batch, seq)`, ascending: engines that
     /// compile static shapes compile these; dynamic engines ignore them.
     pub shapes: Vec<(usize, usize)>,
+    /// The server keeps this engine's thread to its own share of the CPUs,
+    /// inside a process that other engines share (`isolation = "thread"`).
+    /// That thread's affinity mask keeps the engines apart; a runtime that
+    /// places its threads by a CPU map of its own must leave that off, or
+    /// several engines land on the same cores.
+    #[serde(default)]
+    pub own_cpus_in_shared_process: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

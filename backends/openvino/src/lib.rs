@@ -193,6 +193,13 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     if spec.threads > 0 {
         set(&mut core, RwPropertyKey::InferenceNumThreads, &spec.threads.to_string())?;
     }
+    // OpenVINO pins its compute threads by its own process-wide map of the
+    // CPUs: two engines of one core each, on threads of one process kept to
+    // CPU 0 and CPU 1, both computed on CPU 0 (half the throughput of the
+    // same engines in two processes). The thread's mask already places them.
+    if spec.own_cpus_in_shared_process {
+        set(&mut core, RwPropertyKey::HintEnableCpuPinning, "NO")?;
+    }
     let shapes: Vec<String> = spec.shapes.iter().map(|(b, s)| format!("{b}x{s}")).collect();
     let cache_mode = match options.compile_cache {
         CacheMode::Size => "OPTIMIZE_SIZE",
