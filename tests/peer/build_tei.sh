@@ -2,7 +2,8 @@
 # Builds TEI's router (text-embeddings-router, v1.9.3) from its source with
 # only its CPU ONNX Runtime backend, as the peer that
 # tests/peer/cpu_peers.py --tei-router compares eeane against. Not part of
-# the suite: the build is long (most of TEI's dependency tree, in release).
+# the suite: from an empty target folder it took 5 min 40 s on 2 cores
+# (2026-12-04, crates already downloaded).
 #
 #   bash tests/peer/build_tei.sh [--source GIT_DIR_OR_URL] [--out DIR]
 #
