@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-ort_dir="${EEANE_CACHE:-$HOME/.cache/eeane}/runtimes/onnxruntime"
+ort_dir="${EEANE_CACHE_DIR:-$HOME/.cache/eeane}/runtimes/onnxruntime"
 ort_lib=$(readlink -f "$ort_dir/libonnxruntime.so" 2>/dev/null || true)
 if [ -z "$ort_lib" ] || [ ! -f "$ort_lib" ]; then
   echo "no ONNX Runtime at $ort_dir/libonnxruntime.so: run 'bash models/setup.sh' first" >&2
@@ -66,9 +66,10 @@ backends = Path("backends/Cargo.toml")
 text = re.sub(r"^text-embeddings-backend-candle = [^\n]*\n", "", backends.read_text(), flags=re.M)
 text = re.sub(r'^(\S+) = \[[^\]\n]*text-embeddings-backend-candle[^\]\n]*\]$', r"\1 = []", text, flags=re.M)
 backends.write_text(text)
-# cudarc, for the CUDA builds: its git fork has features the registry's lacks.
+# insta, a test dependency, from the registry instead of git.
 router = Path("router/Cargo.toml")
 text = re.sub(r"^insta = \{ git = [^\n]*$", 'insta = { version = "1", features = ["yaml"] }', router.read_text(), flags=re.M)
+# cudarc, only for the CUDA builds, comes from a git fork: dropped.
 text = re.sub(r"^cudarc = [^\n]*\n", "", text, flags=re.M).replace(', "dep:cudarc"', "")
 router.write_text(re.sub(r'"cudarc\?/[a-z-]+", ', "", text))
 EOF
