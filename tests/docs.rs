@@ -37,7 +37,7 @@ fn blocks(file: &str) -> Vec<(String, String)> {
 
 fn docs() -> Vec<String> {
     let mut files = vec!["README.md".to_string()];
-    for dir in ["docs", "docs/engines"] {
+    for dir in ["docs", "docs/engines", "docs/history"] {
         for entry in std::fs::read_dir(root().join(dir)).unwrap().map(Result::unwrap) {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.ends_with(".md") {

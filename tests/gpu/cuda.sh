@@ -94,7 +94,7 @@ echo "VRAM after eeane stopped: $(vram) MiB" | tee -a "$OUT/vram.txt"
 
 # Throughput: eeane bench's four phases and idle latency, per model.
 # EEANE_CUDA_BUCKETS=1: the engine alone per bucket too (full batches of token
-# ids, one session; 2026-12-01's figures are in docs/performance.md).
+# ids, one session; 2026-12-01's figures are in docs/history/performance-log.md).
 if [ -n "${EEANE_CUDA_BUCKETS:-}" ]; then
   echo "== engine alone, full batches per bucket (token ids, no tokenization), one session"
   timeout 200 "$eeane" bench --config "$root/cuda.toml" --buckets --model minilm-fp16-one,minilm-fp32 2>&1 | grep -v -E "INFO|WARN" | tee "$OUT/bench.txt"

@@ -3,7 +3,7 @@ vectors (base64, so bytes) and rerank scores compared exactly.
 
     python3 tests/tools/compare_binaries.py OLD/eeane NEW/eeane tests/tools/compare_binaries.toml TEXTS.txt
 
-TEXTS.txt: one text per line (docs/performance.md used tests/fixtures/texts.json's).
+TEXTS.txt: one text per line (docs/history/performance-log.md used tests/fixtures/texts.json's).
 Each server's log goes to /tmp/cmp/."""
 import base64, json, os, subprocess, sys, time, urllib.request, socket
 
