@@ -26,6 +26,12 @@ pub fn find(name: &str) -> Option<&'static dyn Backend> {
     ENGINES.iter().copied().find(|e| e.name() == name)
 }
 
+/// The engine of entries that name none, and `precision = "auto"`'s
+/// reference: the one that says so (`Backend::is_default`), else the first.
+pub fn default_engine() -> &'static dyn Backend {
+    ENGINES.iter().copied().find(|e| e.is_default()).or_else(|| ENGINES.first().copied()).expect("a build has at least one engine")
+}
+
 pub fn names() -> Vec<&'static str> {
     ENGINES.iter().map(|e| e.name()).collect()
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use eeane::bench::BenchOptions;
-use eeane::config::{find_file, CliOverrides, Config};
+use eeane::config::{find_file, CliOverrides, Config, ConfigError};
 use eeane::http::connections::ConnectionLimits;
 use eeane::http::{router, AppState};
 use eeane::serving::Service;
@@ -62,10 +62,11 @@ enum Command {
         /// else PIP_INDEX_URL, else https://pypi.org/simple).
         #[arg(long)]
         index: Option<String>,
-        /// With hf:...: prepare it for this engine: onnxruntime (the ONNX
-        /// graph, which openvino reads too) or ncnn (converted from its safetensors).
-        #[arg(long, default_value = "onnxruntime")]
-        engine: String,
+        /// With hf:...: prepare it for this engine (default: the default
+        /// engine's ONNX graph, which OpenVINO reads too; ncnn's is converted
+        /// from the safetensors).
+        #[arg(long)]
+        engine: Option<String>,
         /// With hf:...: one of the repository's ONNX variants (onnx/model_O4.onnx),
         /// served only within cosine 0.9999 of its fp32 graph.
         #[arg(long)]
@@ -115,6 +116,14 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Measure the variants of the `precision = "auto"` models now and keep
+    /// the verdict, so that their first load serves the chosen variant at
+    /// once (else the fp32 reference serves while the survey runs beside it).
+    Survey {
+        /// Model id or alias (default: every `precision = "auto"` model).
+        #[arg(long)]
+        model: Option<String>,
+    },
     /// Internal: one model's engine in a child process, fed by `eeane serve`
     /// over stdin/stdout (isolation = "process").
     #[command(hide = true)]
@@ -126,8 +135,75 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Parsing starts no thread, so this still runs before any exists.
     limit_malloc_arenas(matches!(cli.command, Command::EngineHost));
+    init_logging(cli.log_format);
+    let config = |overrides: CliOverrides| find_file(cli.config.as_deref()).and_then(|file| Config::load(file.as_deref(), &overrides));
+    match cli.command {
+        Command::EngineHost => ExitCode::from(eeane::engine_host::serve_stdio()),
+        Command::Serve { host, port } => {
+            let overrides = || CliOverrides { host: host.clone(), port };
+            with_config(config(overrides()), |config| {
+                let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+                runtime.block_on(serve(config, cli.config.clone(), overrides()))
+            })
+        }
+        Command::CheckConfig => with_config(config(CliOverrides::default()), |config| check_config(&config)),
+        Command::Bench { model, texts, seed, corpus, batch, clients, parallel, rerank, buckets, json } => {
+            let options = BenchOptions { model, texts, seed, corpus, batch, clients, parallel, json };
+            let kind = if rerank {
+                BenchKind::Rerank
+            } else if buckets {
+                BenchKind::Buckets
+            } else {
+                BenchKind::FourPhases
+            };
+            with_config(config(CliOverrides::default()), |config| bench(config, options, kind))
+        }
+        Command::Pull { name, list, download_only, index, engine, onnx_file } => {
+            let request = PullRequest { name, list, download_only, index, engine, onnx_file, from_config: cli.config.is_some() };
+            pull(request, config(CliOverrides::default()))
+        }
+        Command::Models { prune } => models(prune, config(CliOverrides::default())),
+        Command::Survey { model } => with_config(config(CliOverrides::default()), |config| survey(&config, model.as_deref())),
+    }
+}
+
+/// `eeane survey`: each `precision = "auto"` model's survey, run now unless
+/// one holds for this machine, with its verdict.
+fn survey(config: &Config, only: Option<&str>) -> ExitCode {
+    let models: Vec<_> = config.models.iter().filter(|m| m.auto_precision.is_some() && only.is_none_or(|id| m.names().any(|n| n == id))).collect();
+    if models.is_empty() {
+        eprintln!("eeane survey: no precision = \"auto\" model{}", only.map(|id| format!(" named {id:?}")).unwrap_or_default());
+        return ExitCode::FAILURE;
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let mut failed = false;
+    for m in models {
+        match runtime.block_on(eeane::variants::load_chosen(m, config)) {
+            Ok(model) => {
+                let note = model.variant.clone();
+                drop(model);
+                let (chosen, reason, now) = note.map(|n| (n.chosen, n.reason, n.measured_at_this_load)).unwrap_or_default();
+                println!("{}: {chosen} ({}): {reason}", m.id, if now { "measured now" } else { "kept from an earlier survey" });
+            }
+            Err(e) => {
+                eprintln!("eeane survey: {}: {e}", m.id);
+                failed = true;
+            }
+        }
+    }
+    drop(runtime);
+    eeane::batcher::wait_for_engines(Duration::from_secs(30));
+    eeane::engines::at_exit();
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn init_logging(format: LogFormat) {
     let filter = || tracing_subscriber::EnvFilter::try_from_env("EEANE_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    match cli.log_format {
+    match format {
         // Colours only for a terminal: a log redirected to a file or a journal stays plain text.
         LogFormat::Text => {
             let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
@@ -135,133 +211,140 @@ fn main() -> ExitCode {
         }
         LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter()).with_writer(std::io::stderr).init(),
     }
-    if let Command::EngineHost = cli.command {
-        return ExitCode::from(eeane::engine_host::serve_stdio());
-    }
     // Engine processes log the way the server does (they inherit the environment).
     std::env::set_var(
         "EEANE_LOG_FORMAT",
-        match cli.log_format {
+        match format {
             LogFormat::Text => "text",
             LogFormat::Json => "json",
         },
     );
-    let overrides = || match &cli.command {
-        Command::Serve { host, port } => CliOverrides { host: host.clone(), port: *port },
-        _ => CliOverrides::default(),
-    };
-    let loaded = find_file(cli.config.as_deref()).and_then(|file| Config::load(file.as_deref(), &overrides()));
-    // The cache commands work with a broken config too: the cache is then
-    // EEANE_CACHE_DIR's (else ~/.cache/eeane).
-    let cache = || loaded.as_ref().map(|c| c.cache_dir()).unwrap_or_else(|_| eeane::config::cache_dir_from_env());
-    match &cli.command {
-        Command::Pull { name: None, list: false, .. } if cli.config.is_some() => {
-            return match &loaded {
-                Ok(config) => pull_sources(config),
-                Err(e) => {
-                    eprintln!("eeane: invalid config: {e}");
-                    ExitCode::from(EXIT_PREFLIGHT)
-                }
-            };
+}
+
+/// Runs `command` on a valid config; a broken one ends with its message and
+/// the preflight exit status.
+fn with_config(loaded: Result<Config, ConfigError>, command: impl FnOnce(Config) -> ExitCode) -> ExitCode {
+    match loaded {
+        Ok(config) => command(config),
+        Err(e) => {
+            eprintln!("eeane: invalid config: {e}");
+            ExitCode::from(EXIT_PREFLIGHT)
         }
-        Command::Pull { list: true, .. } | Command::Pull { name: None, .. } => {
+    }
+}
+
+/// The cache a command works in: the config's, else EEANE_CACHE_DIR's (else
+/// ~/.cache/eeane): the cache commands work with a broken config too.
+fn cache_of(loaded: &Result<Config, ConfigError>) -> PathBuf {
+    loaded.as_ref().map(|c| c.cache_dir()).unwrap_or_else(|_| eeane::config::cache_dir_from_env())
+}
+
+/// `eeane pull`'s arguments.
+struct PullRequest {
+    name: Option<String>,
+    list: bool,
+    download_only: bool,
+    index: Option<String>,
+    engine: Option<String>,
+    onnx_file: Option<String>,
+    /// `--config` was given: with no name, pull every `source` model it names.
+    from_config: bool,
+}
+
+fn pull(request: PullRequest, loaded: Result<Config, ConfigError>) -> ExitCode {
+    let cache = cache_of(&loaded);
+    let name = match request.name {
+        None if request.from_config && !request.list => return with_config(loaded, |config| pull_sources(&config)),
+        Some(name) if !request.list => name,
+        _ => {
             print!("{}", eeane::pull::catalog_table());
             return ExitCode::SUCCESS;
         }
-        Command::Pull { name: Some(name), download_only, engine, onnx_file, .. } if name.starts_with("hf:") => {
-            let target = eeane::pull::hf::Target::for_engine(engine, onnx_file.as_deref());
-            return match target.and_then(|target| eeane::pull::hf::pull(name, &cache(), *download_only, &target, &eeane::pull::hf::bars())) {
-                Ok(entry) => {
-                    println!("# Serve it with this entry in eeane.toml ({{cache}} is {}):\n{entry}", cache().display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("eeane pull: {e}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
-        Command::Pull { name: Some(name), download_only, index, .. } => {
-            let options =
-                eeane::pull::PullOptions { cache: cache(), index: index.clone().unwrap_or_else(eeane::pull::default_index), download_only: *download_only };
-            return match eeane::pull::pull(name, &options) {
-                Ok(snippet) => {
-                    println!("# Serve it with this entry in eeane.toml ({{cache}} is {}):\n{snippet}", options.cache.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("eeane pull: {e}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
-        Command::Models { prune } => {
-            if *prune {
-                let limit = loaded.as_ref().ok().and_then(|c| c.server.compile_cache_limit()).unwrap_or(u64::MAX);
-                match eeane::pull::prune_compiled(&cache(), limit) {
-                    Ok(line) => eprintln!("{line}"),
-                    Err(e) => {
-                        eprintln!("eeane: cannot prune the compile cache: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                }
-            }
-            print!("{}", eeane::pull::models_table(&cache()));
-            return ExitCode::SUCCESS;
-        }
-        _ => {}
-    }
-    let config = match loaded {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("eeane: invalid config: {e}");
-            return ExitCode::from(EXIT_PREFLIGHT);
-        }
     };
-    match cli.command {
-        Command::CheckConfig => check_config(&config),
-        Command::Bench { model, texts, seed, corpus, batch, clients, parallel, rerank, buckets, json } => {
-            let options = BenchOptions { model, texts, seed, corpus, batch, clients, parallel, json };
-            let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-            // Each kind of run: its printed table, and its report as JSON for --json.
-            let result: Result<(String, Option<serde_json::Value>), eeane::bench::BenchError> = runtime.block_on(async {
-                if rerank {
-                    let report = eeane::bench::rerank::run(config, &options).await?;
-                    Ok((eeane::bench::rerank::table(&report, &options), serde_json::to_value(&report).ok()))
-                } else if buckets {
-                    let ids = options.model.clone().unwrap_or_else(|| config.models.first().map(|m| m.id.clone()).unwrap_or_default());
-                    let (figures, table) = eeane::bench::run_buckets(config, &ids, 2.0).await?;
-                    Ok((table, serde_json::to_value(&figures).ok()))
-                } else {
-                    // The four-phase run writes its own --json report.
-                    let report = eeane::bench::run(config, options.clone()).await?;
-                    Ok((eeane::bench::table(&report, &options), None))
-                }
-            });
-            drop(runtime);
-            eeane::batcher::wait_for_engines(Duration::from_secs(30));
-            eeane::engines::at_exit();
-            match result {
-                Ok((table, report)) => {
-                    print!("{table}");
-                    if let (Some(path), Some(report)) = (&options.json, report) {
-                        if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&report).unwrap_or_default()) {
-                            eprintln!("eeane bench: cannot write {}: {e}", path.display());
-                            return ExitCode::FAILURE;
-                        }
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("eeane bench: {e}");
-                    ExitCode::FAILURE
-                }
+    let pulled = if name.starts_with("hf:") {
+        let engine = request.engine.unwrap_or_else(|| eeane::engines::default_engine().name().to_string());
+        eeane::pull::hf::Target::for_engine(&engine, request.onnx_file.as_deref())
+            .and_then(|target| eeane::pull::hf::pull(&name, &cache, request.download_only, &target, &eeane::pull::hf::bars()))
+    } else {
+        let index = request.index.unwrap_or_else(eeane::pull::default_index);
+        eeane::pull::pull(&name, &eeane::pull::PullOptions { cache: cache.clone(), index, download_only: request.download_only })
+    };
+    match pulled {
+        Ok(entry) => {
+            println!("# Serve it with this entry in eeane.toml ({{cache}} is {}):\n{entry}", cache.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("eeane pull: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn models(prune: bool, loaded: Result<Config, ConfigError>) -> ExitCode {
+    let cache = cache_of(&loaded);
+    if prune {
+        let limit = loaded.as_ref().ok().and_then(|c| c.server.compile_cache_limit()).unwrap_or(u64::MAX);
+        match eeane::pull::prune_compiled(&cache, limit) {
+            Ok(line) => eprintln!("{line}"),
+            Err(e) => {
+                eprintln!("eeane: cannot prune the compile cache: {e}");
+                return ExitCode::FAILURE;
             }
         }
-        Command::Pull { .. } | Command::Models { .. } | Command::EngineHost => unreachable!("handled before the config is required"),
-        Command::Serve { .. } => {
-            let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-            runtime.block_on(serve(config, cli.config.clone(), overrides()))
+    }
+    print!("{}", eeane::pull::models_table(&cache));
+    ExitCode::SUCCESS
+}
+
+/// Which `eeane bench` run.
+enum BenchKind {
+    /// Four phases in one run: in process, bulk, one text a request, arrival order.
+    FourPhases,
+    /// A rerank model's documents/s, in process and over /rerank.
+    Rerank,
+    /// Each model's full batches of every bucket, in process.
+    Buckets,
+}
+
+fn bench(config: Config, options: BenchOptions, kind: BenchKind) -> ExitCode {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    // Each kind of run: its printed table, and its report as JSON for --json.
+    let result: Result<(String, Option<serde_json::Value>), eeane::bench::BenchError> = runtime.block_on(async {
+        match kind {
+            BenchKind::Rerank => {
+                let report = eeane::bench::rerank::run(config, &options).await?;
+                Ok((eeane::bench::rerank::table(&report, &options), serde_json::to_value(&report).ok()))
+            }
+            BenchKind::Buckets => {
+                let ids = options.model.clone().unwrap_or_else(|| config.models.first().map(|m| m.id.clone()).unwrap_or_default());
+                let (figures, table) = eeane::bench::run_buckets(config, &ids, 2.0).await?;
+                Ok((table, serde_json::to_value(&figures).ok()))
+            }
+            // The four-phase run writes its own --json report.
+            BenchKind::FourPhases => {
+                let report = eeane::bench::run(config, options.clone()).await?;
+                Ok((eeane::bench::table(&report, &options), None))
+            }
+        }
+    });
+    drop(runtime);
+    eeane::batcher::wait_for_engines(Duration::from_secs(30));
+    eeane::engines::at_exit();
+    match result {
+        Ok((table, report)) => {
+            print!("{table}");
+            if let (Some(path), Some(report)) = (&options.json, report) {
+                if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&report).unwrap_or_default()) {
+                    eprintln!("eeane bench: cannot write {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("eeane bench: {e}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -328,7 +411,7 @@ fn check_config(config: &Config) -> ExitCode {
             }
         }
     }
-    print!("{}", toml::to_string_pretty(config).expect("config serializes"));
+    print!("{}", config.to_toml());
     ExitCode::SUCCESS
 }
 

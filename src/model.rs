@@ -120,6 +120,25 @@ pub struct VariantNote {
     pub measured_at_this_load: bool,
     /// Unix seconds of the survey.
     pub measured_at: u64,
+    /// The fp32 reference, served until the survey now running chooses
+    /// (the slot then switches to the variant chosen).
+    #[serde(skip)]
+    pub awaiting_survey: bool,
+}
+
+impl VariantNote {
+    /// The fp32 reference (`label`), served while the survey runs.
+    pub fn awaiting_survey(label: String) -> Self {
+        VariantNote {
+            chosen: label,
+            reason: "the fp32 reference, served while the survey measures the variants on this machine".into(),
+            min_cosine: Some(1.0),
+            speed_vs_reference: Some(1.0),
+            measured_at_this_load: false,
+            measured_at: 0,
+            awaiting_survey: true,
+        }
+    }
 }
 
 impl LoadedModel {

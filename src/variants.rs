@@ -30,9 +30,6 @@ use serde::{Deserialize, Serialize};
 use crate::config::{AutoPrecision, Config, ModelConfig};
 use crate::model::{Inputs, LoadedModel, ModelError, Output, VariantNote};
 
-/// The engine whose fp32 run of the graph every variant is measured against.
-pub const REFERENCE_ENGINE: &str = "onnxruntime";
-
 /// A variant is served only when its lowest cosine to the reference is at least this.
 pub const MIN_COSINE: f64 = 0.9999;
 
@@ -227,8 +224,9 @@ pub fn candidates(config: &ModelConfig, cpu: &CpuFeatures) -> (Vec<Candidate>, V
         Some(AutoPrecision::ItsEngine) => crate::engines::find(&config.engine).into_iter().collect(),
         _ => {
             let mut all: Vec<&'static dyn Backend> = crate::engines::ENGINES.to_vec();
-            // The reference engine first, so that its fp32 run leads.
-            all.sort_by_key(|e| e.name() != REFERENCE_ENGINE);
+            // The default engine first, so that its fp32 run, the reference, leads.
+            let reference = crate::engines::default_engine().name();
+            all.sort_by_key(|e| e.name() != reference);
             all
         }
     };
@@ -259,8 +257,9 @@ fn file_name(path: &Path) -> String {
 /// length ladder for an engine that compiles static shapes.
 pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candidate) -> Result<ModelConfig, EngineError> {
     let engine = crate::engines::find(candidate.engine).ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not in this build", candidate.engine)))?;
+    // The candidate's keys select its precision over the entry's own
+    // (which, for precision = "auto", hold none).
     let mut keys = config.engine_options.clone();
-    keys.remove("precision");
     keys.extend(candidate.keys.clone());
     let cache = server.cache_dir();
     let resolve = |p: &Path| crate::config::resolve_path(&p.to_string_lossy(), &cache, Path::new(""));
@@ -368,12 +367,52 @@ impl Store {
     }
 }
 
-/// Loads the model an entry serves: for `precision = "auto"`, the chosen
-/// variant (surveyed first when no survey holds for this machine); for any
-/// other entry, the entry as written.
-pub async fn load(config: &ModelConfig, server: &Config) -> Result<LoadedModel, ModelError> {
+/// What `load` gives: the model to serve now, and for `precision = "auto"`
+/// without a survey that holds on this machine, the survey to run while the
+/// fp32 reference serves.
+pub struct Loaded {
+    pub model: LoadedModel,
+    pub survey: Option<PendingSurvey>,
+}
+
+/// A survey that has not run yet: every variant of one entry, measured on
+/// this machine against the fp32 reference (`PendingSurvey::run`).
+pub struct PendingSurvey {
+    config: ModelConfig,
+    server: Config,
+    machine: Machine,
+    offered: Vec<Candidate>,
+    absent: Vec<Measured>,
+    graphs: BTreeMap<String, String>,
+    settings: String,
+    store: Store,
+}
+
+impl PendingSurvey {
+    /// How many variants it measures (the layouts of the chosen one come after).
+    pub fn variants(&self) -> usize {
+        self.offered.len()
+    }
+
+    /// Measures every variant, keeps the verdict for the next load, and
+    /// returns the chosen variant loaded.
+    pub async fn run(self) -> Result<LoadedModel, ModelError> {
+        let (survey, mut model) = survey(&self).await?;
+        if let Err(e) = self.store.write(&self.config.id, &survey) {
+            tracing::warn!(model = %self.config.id, "cannot keep the variant survey ({e}); it runs again at the next load");
+        }
+        model.variant = Some(note(&survey, true));
+        Ok(model)
+    }
+}
+
+/// Loads the model an entry serves. An entry that is not `precision =
+/// "auto"` loads as written. An auto entry loads the variant its kept survey
+/// chose on this machine; without one, its fp32 reference at once, with the
+/// survey to run beside it (`Loaded::survey`), so that no request waits for it.
+pub async fn load(config: &ModelConfig, server: &Config) -> Result<Loaded, ModelError> {
     if config.auto_precision.is_none() {
-        return LoadedModel::load(config, server).await;
+        return Ok(Loaded { model: LoadedModel::load(config, server).await?, survey: None });
     }
     if config.source.is_some() {
         // A Hub model's files come at its first load: before any variant is looked for.
@@ -396,19 +435,35 @@ pub async fn load(config: &ModelConfig, server: &Config) -> Result<LoadedModel, 
             match LoadedModel::load(&variant, server).await {
                 Ok(mut model) => {
                     model.variant = Some(note(&survey, false));
-                    return Ok(model);
+                    return Ok(Loaded { model, survey: None });
                 }
                 Err(e) => tracing::warn!(model = %config.id, variant = %survey.chosen, "the surveyed variant failed to load ({e}); surveying again"),
             }
         }
     }
-    let (survey, model) = survey(config, server, machine, offered, absent, graphs, settings).await?;
-    if let Err(e) = store.write(&config.id, &survey) {
-        tracing::warn!(model = %config.id, "cannot keep the variant survey ({e}); it runs again at the next load");
+    let reference = offered.first().cloned().ok_or_else(|| {
+        ModelError::Engine(EngineError::Runtime(format!("precision = \"auto\": no engine of this build runs {:?} on the CPU", config.engine)))
+    })?;
+    let mut model = LoadedModel::load(&variant_config(config, server, &reference)?, server)
+        .await
+        .map_err(|e| ModelError::Engine(EngineError::Model(format!("the fp32 reference ({}) could not be loaded: {e}", reference.label()))))?;
+    model.variant = Some(VariantNote::awaiting_survey(reference.label()));
+    let survey = PendingSurvey { config: config.clone(), server: server.clone(), machine, offered, absent, graphs, settings, store };
+    Ok(Loaded { model, survey: Some(survey) })
+}
+
+/// Loads the variant the server would serve once its survey is done, running
+/// the survey first when none holds: `eeane bench` and `eeane survey`.
+pub async fn load_chosen(config: &ModelConfig, server: &Config) -> Result<LoadedModel, ModelError> {
+    let Loaded { model, survey } = load(config, server).await?;
+    match survey {
+        None => Ok(model),
+        Some(survey) => {
+            // The reference is loaded again by the survey, measured beside the others.
+            drop(model);
+            survey.run().await
+        }
     }
-    let mut model = model;
-    model.variant = Some(note(&survey, true));
-    Ok(model)
 }
 
 /// The entry as the chosen variant's (engine, graph and precision written
@@ -417,7 +472,7 @@ pub async fn chosen_entry(config: &ModelConfig, server: &Config) -> Result<Model
     if config.auto_precision.is_none() {
         return Ok(config.clone());
     }
-    Ok(load(config, server).await?.config.clone())
+    Ok(load_chosen(config, server).await?.config.clone())
 }
 
 fn note(survey: &Survey, measured_now: bool) -> VariantNote {
@@ -429,6 +484,7 @@ fn note(survey: &Survey, measured_now: bool) -> VariantNote {
         speed_vs_reference: chosen.and_then(|m| m.speed_vs_reference),
         measured_at_this_load: measured_now,
         measured_at: survey.measured_at_unix,
+        awaiting_survey: false,
     }
 }
 
@@ -462,26 +518,19 @@ fn check_texts(max_tokens: usize) -> Vec<String> {
     texts
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn survey(
-    config: &ModelConfig,
-    server: &Config,
-    machine: Machine,
-    offered: Vec<Candidate>,
-    absent: Vec<Measured>,
-    graphs: BTreeMap<String, String>,
-    settings: String,
-) -> Result<(Survey, LoadedModel), ModelError> {
+async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelError> {
+    let (config, server) = (&plan.config, &plan.server);
+    let offered = plan.offered.clone();
     let reference = offered.first().cloned().ok_or_else(|| {
         ModelError::Engine(EngineError::Runtime(format!("precision = \"auto\": no engine of this build runs {:?} on the CPU", config.engine)))
     })?;
     tracing::info!(model = %config.id, variants = offered.len(), "precision = auto: measuring the variants on this machine");
     let started = Instant::now();
-    let mut loaded: Vec<(Candidate, Result<LoadedModel, String>)> = Vec::new();
+    let mut loaded: Vec<(Candidate, Result<LoadedModel, ModelError>)> = Vec::new();
     for candidate in offered {
         let model = match variant_config(config, server, &candidate) {
-            Ok(variant) => LoadedModel::load(&variant, server).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+            Ok(variant) => LoadedModel::load(&variant, server).await,
+            Err(e) => Err(ModelError::Engine(e)),
         };
         if candidate == reference {
             if let Err(e) = &model {
@@ -493,10 +542,10 @@ async fn survey(
     let (checks, timing) = (check_texts(config.max_tokens), crate::corpus::corpus(128, 7));
     let (check_count, timing_count) = (checks.len(), timing.len());
     let (checks, timing) = (Arc::new(Inputs::Texts(checks)), Arc::new(Inputs::Texts(timing)));
-    let mut outputs: Vec<Option<Result<Vec<Vec<f32>>, String>>> = Vec::new();
+    let mut outputs: Vec<Option<Result<Vec<Vec<f32>>, ModelError>>> = Vec::new();
     for (_, model) in &loaded {
         outputs.push(match model {
-            Ok(m) => Some(m.embed(checks.clone(), None).await.map(|i| vectors(i.output)).map_err(|e| e.to_string())),
+            Ok(m) => Some(m.embed(checks.clone(), None).await.map(|i| vectors(i.output))),
             Err(_) => None,
         });
     }
@@ -534,7 +583,7 @@ async fn survey(
         }
         measured.push(m);
     }
-    measured.extend(absent);
+    measured.extend(plan.absent.iter().cloned());
     let (mut chosen, mut reason) = choose(&reference.label(), &measured);
     // The chosen variant stays loaded; the others go.
     let (chosen_candidate, mut model) = match loaded.into_iter().find(|(c, _)| c.label() == chosen) {
@@ -552,9 +601,9 @@ async fn survey(
     }
     tracing::info!(model = %config.id, chosen = %chosen, seconds = started.elapsed().as_secs_f64(), "precision = auto: {reason}");
     let survey = Survey {
-        machine,
-        settings,
-        graphs,
+        machine: plan.machine.clone(),
+        settings: plan.settings.clone(),
+        graphs: plan.graphs.clone(),
         reference: reference.label(),
         variants: measured,
         chosen: chosen.clone(),
@@ -605,12 +654,13 @@ async fn survey_layouts(
         let candidate = base.with_engines(engines);
         let mut m = Measured::unmeasured(candidate.label(), base_measured.graph.clone());
         let measured = if room.is_some_and(|room| graph_bytes * engines as u64 > room) {
-            Err(format!("{engines} copies of the {} MiB graph exceed half the free memory", graph_bytes >> 20))
+            Err(LayoutError::Memory { engines, graph_mib: graph_bytes >> 20 })
         } else {
-            measure_layout(config, server, &candidate, &base_model, want, checks.clone(), timing.clone()).await
+            let texts = CheckAndTiming { want, checks: checks.clone(), timing: timing.clone() };
+            measure_layout(config, server, &candidate, &base_model, &texts).await
         };
         match measured {
-            Ok((layout, (min_cosine, mean_cosine), over_one)) => {
+            Ok(MeasuredLayout { model: layout, min_cosine, mean_cosine, over_one_engine: over_one }) => {
                 (m.min_cosine, m.mean_cosine) = (min_cosine, mean_cosine);
                 // In the one engine's terms (its rate times the ratio), so that
                 // every variant's rate in the survey compares with every other's.
@@ -623,7 +673,7 @@ async fn survey_layouts(
             }
             Err(why) => {
                 said.push(format!("{} not measured ({why})", m.variant));
-                m.not_measured = Some(why);
+                m.not_measured = Some(why.to_string());
             }
         }
         figures.push(m);
@@ -638,36 +688,65 @@ async fn survey_layouts(
     }
 }
 
+/// A layout as measured: the model loaded, its cosines to the reference on
+/// the check texts, and its speed over the one engine.
+struct MeasuredLayout {
+    model: LoadedModel,
+    min_cosine: Option<f64>,
+    mean_cosine: Option<f64>,
+    over_one_engine: f64,
+}
+
+/// The texts a layout is held to and timed on.
+struct CheckAndTiming<'a> {
+    /// The reference's vectors for `checks`.
+    want: &'a [Vec<f32>],
+    checks: Arc<Inputs>,
+    timing: Arc<Inputs>,
+}
+
+/// Why a layout was not measured.
+#[derive(Debug, thiserror::Error)]
+enum LayoutError {
+    #[error("{engines} copies of the {graph_mib} MiB graph exceed half the free memory")]
+    Memory { engines: usize, graph_mib: u64 },
+    #[error("{0}")]
+    Entry(EngineError),
+    #[error("could not be loaded: {0}")]
+    Load(ModelError),
+    #[error("failed the check texts: {0}")]
+    Check(ModelError),
+    #[error("its timing rounds failed")]
+    Timing,
+}
+
 /// One layout loaded, held to the check texts' reference vectors, and timed
 /// against the one engine in interleaved rounds (a warm-up first, then each
-/// keeps its best): the layout, its (min, mean) cosine, and its speed over
-/// the one engine.
+/// keeps its best).
 async fn measure_layout(
     config: &ModelConfig,
     server: &Config,
     candidate: &Candidate,
     one_engine: &LoadedModel,
-    want: &[Vec<f32>],
-    checks: Arc<Inputs>,
-    timing: Arc<Inputs>,
-) -> Result<(LoadedModel, (Option<f64>, Option<f64>), f64), String> {
-    let variant = variant_config(config, server, candidate).map_err(|e| e.to_string())?;
-    let layout = LoadedModel::load(&variant, server).await.map_err(|e| format!("could not be loaded: {e}"))?;
-    let got = layout.embed(checks, None).await.map_err(|e| format!("failed the check texts: {e}"))?;
-    let cosines = agreement(&vectors(got.output), want);
+    texts: &CheckAndTiming<'_>,
+) -> Result<MeasuredLayout, LayoutError> {
+    let variant = variant_config(config, server, candidate).map_err(LayoutError::Entry)?;
+    let layout = LoadedModel::load(&variant, server).await.map_err(LayoutError::Load)?;
+    let got = layout.embed(texts.checks.clone(), None).await.map_err(LayoutError::Check)?;
+    let (min_cosine, mean_cosine) = agreement(&vectors(got.output), texts.want);
     let (mut one, mut many) = (f64::INFINITY, f64::INFINITY);
     for round in 0..=TIMING_ROUNDS {
         for (model, best_seconds) in [(one_engine, &mut one), (&layout, &mut many)] {
             let t = Instant::now();
-            if model.embed(timing.clone(), None).await.is_ok() && round > 0 {
+            if model.embed(texts.timing.clone(), None).await.is_ok() && round > 0 {
                 *best_seconds = best_seconds.min(t.elapsed().as_secs_f64());
             }
         }
     }
     if !(one.is_finite() && many.is_finite()) {
-        return Err("its timing rounds failed".into());
+        return Err(LayoutError::Timing);
     }
-    Ok((layout, cosines, one / many))
+    Ok(MeasuredLayout { model: layout, min_cosine, mean_cosine, over_one_engine: one / many })
 }
 
 #[cfg(test)]
@@ -688,31 +767,31 @@ mod tests {
 
     #[test]
     fn the_fastest_variant_within_the_gate_is_served() {
-        let measured = [m("onnxruntime fp32", 1.0, 1.0), m("openvino fp32", 0.999999, 1.3), m("openvino bf16", 0.99997, 1.9)];
-        let (chosen, reason) = choose("onnxruntime fp32", &measured);
-        assert_eq!(chosen, "openvino bf16");
+        let measured = [m("engine-a fp32", 1.0, 1.0), m("engine-b fp32", 0.999999, 1.3), m("engine-b bf16", 0.99997, 1.9)];
+        let (chosen, reason) = choose("engine-a fp32", &measured);
+        assert_eq!(chosen, "engine-b bf16");
         assert!(reason.contains("1.90x"), "{reason}");
     }
 
     #[test]
     fn a_lossy_variant_is_never_served_however_fast() {
-        let measured = [m("onnxruntime fp32", 1.0, 1.0), m("onnxruntime int8", 0.99833, 3.0), m("openvino fp32", 0.999999, 1.2)];
-        let (chosen, reason) = choose("onnxruntime fp32", &measured);
-        assert_eq!(chosen, "openvino fp32");
-        assert!(reason.contains("refused for drift: onnxruntime int8 (min cosine 0.998330"), "{reason}");
+        let measured = [m("engine-a fp32", 1.0, 1.0), m("engine-a int8", 0.99833, 3.0), m("engine-b fp32", 0.999999, 1.2)];
+        let (chosen, reason) = choose("engine-a fp32", &measured);
+        assert_eq!(chosen, "engine-b fp32");
+        assert!(reason.contains("refused for drift: engine-a int8 (min cosine 0.998330"), "{reason}");
     }
 
     #[test]
     fn fp32_is_kept_when_nothing_else_passes_or_gains_beyond_noise() {
-        let lossy = [m("onnxruntime fp32", 1.0, 1.0), m("openvino int8", 0.99, 2.0)];
-        assert_eq!(choose("onnxruntime fp32", &lossy).0, "onnxruntime fp32");
-        let close = [m("onnxruntime fp32", 1.0, 1.0), m("openvino fp32", 0.999999, 1.03)];
-        let (chosen, reason) = choose("onnxruntime fp32", &close);
-        assert_eq!(chosen, "onnxruntime fp32");
+        let lossy = [m("engine-a fp32", 1.0, 1.0), m("engine-b int8", 0.99, 2.0)];
+        assert_eq!(choose("engine-a fp32", &lossy).0, "engine-a fp32");
+        let close = [m("engine-a fp32", 1.0, 1.0), m("engine-b fp32", 0.999999, 1.03)];
+        let (chosen, reason) = choose("engine-a fp32", &close);
+        assert_eq!(chosen, "engine-a fp32");
         assert!(reason.contains("only 1.03x"), "{reason}");
-        let mut nan = m("openvino bf16", f64::NAN, 2.0);
+        let mut nan = m("engine-b bf16", f64::NAN, 2.0);
         nan.min_cosine = Some(f64::NAN);
-        assert_eq!(choose("onnxruntime fp32", &[m("onnxruntime fp32", 1.0, 1.0), nan]).0, "onnxruntime fp32");
+        assert_eq!(choose("engine-a fp32", &[m("engine-a fp32", 1.0, 1.0), nan]).0, "engine-a fp32");
     }
 
     #[test]
@@ -727,18 +806,18 @@ mod tests {
 
     #[test]
     fn a_layout_is_labelled_with_its_engines() {
-        let one = Candidate { engine: "openvino", precision: "bf16", graph: PathBuf::from("m.onnx"), keys: Default::default(), engines: 1 };
-        assert_eq!(one.label(), "openvino bf16");
-        assert_eq!(one.with_engines(4).label(), "openvino bf16 x4");
+        let one = Candidate { engine: "engine-b", precision: "bf16", graph: PathBuf::from("m.onnx"), keys: Default::default(), engines: 1 };
+        assert_eq!(one.label(), "engine-b bf16");
+        assert_eq!(one.with_engines(4).label(), "engine-b bf16 x4");
     }
 
     #[test]
     fn a_variant_not_offered_says_why() {
-        let mut absent = m("openvino bf16", 0.0, 0.0);
+        let mut absent = m("engine-b bf16", 0.0, 0.0);
         absent.min_cosine = None;
         absent.texts_per_s = None;
         absent.not_measured = Some("this CPU has neither AVX512-BF16 nor AMX".into());
-        let (_, reason) = choose("onnxruntime fp32", &[m("onnxruntime fp32", 1.0, 1.0), absent]);
-        assert!(reason.contains("not measured: openvino bf16 (this CPU has neither"), "{reason}");
+        let (_, reason) = choose("engine-a fp32", &[m("engine-a fp32", 1.0, 1.0), absent]);
+        assert!(reason.contains("not measured: engine-b bf16 (this CPU has neither"), "{reason}");
     }
 }

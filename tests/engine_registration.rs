@@ -1,10 +1,71 @@
-//! Adding an engine is one crate and one line. The test-only engine
-//! (backends/testing, Cargo feature `test-engine`, which tests/run.sh turns
-//! on) is named in `src/engines.rs` and nowhere else in `src/`, and it serves
-//! over HTTP like any engine: its options checked from the model entry, an
-//! engine process, the batcher, pooling, /v1/embeddings and /health.
+//! Adding an engine is one crate and one line. No engine of the build is
+//! named in `src/` outside `src/engines.rs` (comments aside): everything
+//! else asks the engine list. The test-only engine (backends/testing, Cargo
+//! feature `test-engine`, which tests/run.sh turns on) serves over HTTP like
+//! any engine: its options checked from the model entry, an engine process,
+//! the batcher, pooling, /v1/embeddings and /health.
 
 mod common;
+
+use std::path::Path;
+
+/// Where `code` names `engine`: the word itself (a string, an identifier,
+/// a flag) or its crate, on the lines that are not comments; numbered from 1.
+fn mentions(code: &str, engine: &str) -> Vec<usize> {
+    let word = |line: &str| {
+        line.match_indices(engine).any(|(at, _)| {
+            let before = line[..at].chars().next_back();
+            let after = line[at + engine.len()..].chars().next();
+            let part_of_name = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+            // A folder of that name in a path (a Hub repository's openvino/) is not the engine.
+            let folder = after == Some('/');
+            !part_of_name(before) && !part_of_name(after) && !folder
+        })
+    };
+    let krate = format!("eeane_backend_{engine}");
+    code.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim_start().starts_with("//"))
+        .map(|(n, line)| (n + 1, line.split(" // ").next().unwrap_or(line)))
+        .filter(|(_, line)| word(line) || line.contains(&krate))
+        .map(|(n, _)| n)
+        .collect()
+}
+
+#[test]
+fn engines_are_named_in_src_engines_rs_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    let mut dirs = vec![root.join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") && path != root.join("src/engines.rs") {
+                let code = std::fs::read_to_string(&path).unwrap();
+                for engine in eeane::engines::names() {
+                    for line in mentions(&code, engine) {
+                        found.push(format!("{}:{line}: {engine}", path.strip_prefix(root).unwrap().display()));
+                    }
+                }
+            }
+        }
+    }
+    found.sort();
+    assert!(found.is_empty(), "engines named in src/ outside src/engines.rs (ask the engine list instead):\n{}", found.join("\n"));
+    // And src/engines.rs names each, so the check above looks for the right words.
+    let listed = std::fs::read_to_string(root.join("src/engines.rs")).unwrap();
+    for engine in eeane::engines::names() {
+        assert!(!mentions(&listed, engine).is_empty() || listed.contains(&format!("eeane_backend_{engine}")), "{engine} is not in src/engines.rs");
+    }
+}
+
+#[test]
+fn the_name_check_finds_what_it_must() {
+    let code = "// the ncnn engine, in a comment\nlet format = \"ncnn\";\nlet x = target.ncnn_like; // ncnn\nuse eeane_backend_ncnn::Ncnn;\nif flag == \"--ncnn\" {}\nlet f = \"ncnn/model.bin\";\n";
+    assert_eq!(mentions(code, "ncnn"), [2, 4, 5]);
+}
 
 #[cfg(not(feature = "test-engine"))]
 #[test]
@@ -86,27 +147,5 @@ mod with_test_engine {
             assert!(!ok, "{line} passed");
             assert!(stderr.contains(needle) && stderr.contains("models[0]"), "{line}: {stderr}");
         }
-    }
-
-    #[test]
-    fn src_names_the_engine_in_one_place() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut mentions = Vec::new();
-        let mut dirs = vec![root.join("src")];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
-                let path = entry.path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    let text = std::fs::read_to_string(&path).unwrap();
-                    let count = text.matches("eeane_backend_testing").count() + text.matches("\"testing\"").count();
-                    if count > 0 {
-                        mentions.push((path.strip_prefix(root).unwrap().display().to_string(), count));
-                    }
-                }
-            }
-        }
-        assert_eq!(mentions, [("src/engines.rs".to_string(), 1)], "the test engine is named outside its one line");
     }
 }

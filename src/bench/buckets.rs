@@ -40,7 +40,7 @@ fn full_batch(batch: usize, seq: usize) -> Inputs {
 pub async fn measure(model: &ModelConfig, server: &Config, min_seconds: f64) -> Result<ModelFigures, BenchError> {
     // In process, on a thread: the engine's own speed per bucket.
     let in_process = ModelConfig { isolation: Some(crate::config::Isolation::Thread), ..model.clone() };
-    let loaded = crate::variants::load(&in_process, server).await.map_err(|source| BenchError::Load { model: model.id.clone(), source })?;
+    let loaded = crate::variants::load_chosen(&in_process, server).await.map_err(|source| BenchError::Load { model: model.id.clone(), source })?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let mut buckets = Vec::new();
     for bucket in batch_policy(model).buckets {

@@ -1,6 +1,6 @@
 //! Layered configuration: built-in defaults < TOML file < `EEANE_*` environment < CLI flags.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use eeane_backend_core::Isolation as Placement;
@@ -9,8 +9,11 @@ use figment::value::magic::RelativePathBuf;
 use figment::Figment;
 use serde::{Deserialize, Serialize, Serializer};
 
+mod sources;
+mod validate;
+
 /// The built-in defaults, including the default model.
-pub const DEFAULTS: &str = include_str!("../config/default.toml");
+pub const DEFAULTS: &str = include_str!("../../config/default.toml");
 
 /// `EEANE_<KEY>` sets `server.<key>` for these.
 const SHORT_SERVER_KEYS: &[&str] = &[
@@ -433,13 +436,13 @@ pub struct ModelConfig {
     /// Set by `precision = "auto"`: the variant served is the fastest whose
     /// vectors stay within cosine 0.9999 of the fp32 graph, measured on this
     /// machine (src/variants.rs). `engine` then names the reference engine.
-    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
+    /// `Config::to_toml` writes it back as `precision = "auto"`.
+    #[serde(skip)]
     pub auto_precision: Option<AutoPrecision>,
 }
 
 /// Which engines `precision = "auto"` may choose among.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AutoPrecision {
     /// The entry names no engine: every CPU engine of this build.
     AnyEngine,
@@ -463,6 +466,13 @@ impl ModelConfig {
     /// Where this model's engine runs, `auto` resolved.
     pub fn isolation(&self, server: &ServerConfig) -> Placement {
         self.isolation.unwrap_or(server.isolation).resolve(&self.engine, &self.device)
+    }
+
+    /// The precision its engine keys select, as its engine reads them
+    /// (`Backend::configured_precision`); `None` when they name none.
+    pub fn configured_precision(&self) -> Option<String> {
+        let options = eeane_backend_core::Options(serde_json::Value::Object(self.engine_options.clone()));
+        crate::engines::find(&self.engine)?.configured_precision(&options)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
@@ -599,159 +609,30 @@ impl Config {
         Ok(config)
     }
 
+    /// The configuration as resolved, written as a file that eeane reads
+    /// back to the same configuration (`eeane check-config` prints it): every
+    /// value filled in, `precision = "auto"` as written, and an entry that
+    /// leaves its engine to the survey without the reference engine it was given.
+    pub fn to_toml(&self) -> String {
+        let printed = toml::to_string_pretty(self).expect("config serializes");
+        let mut document: toml_edit::DocumentMut = printed.parse().expect("serialized TOML parses");
+        if let Some(entries) = document.get_mut("models").and_then(|m| m.as_array_of_tables_mut()) {
+            for (entry, model) in entries.iter_mut().zip(&self.models) {
+                let Some(auto) = model.auto_precision else { continue };
+                if auto == AutoPrecision::AnyEngine {
+                    entry.remove("engine");
+                }
+                entry.insert("precision", toml_edit::value("auto"));
+            }
+        }
+        document.to_string()
+    }
+
     pub fn cache_dir(&self) -> PathBuf {
         if !self.server.cache_dir.is_empty() {
             return PathBuf::from(&self.server.cache_dir);
         }
         cache_dir_from_env()
-    }
-
-    /// Fills in each `source` entry's unset keys from its repository's files
-    /// (`pull::hf::resolve`: the HF cache, else the Hub's small config files
-    /// when downloads are allowed). A source that cannot be read leaves its
-    /// model failing with the reason; the others are untouched.
-    fn read_sources(&mut self, written: &[serde_json::Value]) {
-        let downloads = self.server.hub_downloads;
-        for (i, m) in self.models.iter_mut().enumerate() {
-            let Some(source) = m.source.clone() else { continue };
-            let set = |key: &str| written.get(i).and_then(|w| w.get(key)).is_some();
-            if !set("engine") {
-                m.engine = "onnxruntime".into();
-            }
-            let resolved = crate::pull::hf::Target::for_engine(&m.engine, m.onnx_file.as_deref())
-                .and_then(|target| crate::pull::hf::resolve(&source, downloads, &target).map(|resolved| (resolved, target)));
-            match resolved {
-                Ok((resolved, target)) => {
-                    let mut take = |key: &str, value: String, from: &str| {
-                        if !set(key) {
-                            m.inferred.push((format!("{key} = {value}"), from.to_string()));
-                        }
-                        !set(key)
-                    };
-                    let dir = format!("{{cache}}/models/{}", resolved.dir_name);
-                    let model = format!("{dir}/{}", target.model_file());
-                    if take("model", format!("{model:?}"), "where eeane prepares it") {
-                        m.model = ConfigPath::new(model);
-                    }
-                    if take("tokenizer", format!("\"{dir}/tokenizer.json\""), "the repository's tokenizer.json") {
-                        m.tokenizer = ConfigPath::new(format!("{dir}/tokenizer.json"));
-                    }
-                    let st = &resolved.model;
-                    if st.reranker && take("kind", "\"reranker\"".into(), "config.json (a sequence classifier with one label)") {
-                        m.kind = ModelKind::Reranker;
-                    }
-                    if let Some(activation) = &st.score_activation {
-                        if take("score_activation", format!("{:?}", activation.value), &activation.from) {
-                            m.score_activation = if activation.value == "identity" { ScoreActivation::Identity } else { ScoreActivation::Sigmoid };
-                        }
-                    }
-                    if take("pooling", format!("{:?}", st.pooling.value), &st.pooling.from) {
-                        m.pooling = match st.pooling.value {
-                            "cls" => Pooling::Cls,
-                            "none" => Pooling::None,
-                            "max" => Pooling::Max,
-                            "last_token" => Pooling::LastToken,
-                            "mean_sqrt_len" => Pooling::MeanSqrtLen,
-                            _ => Pooling::Mean,
-                        };
-                    }
-                    if take("normalize", st.normalize.value.to_string(), &st.normalize.from) {
-                        m.normalize = st.normalize.value;
-                    }
-                    if take("max_tokens", st.max_tokens.value.to_string(), &st.max_tokens.from) {
-                        m.max_tokens = st.max_tokens.value;
-                    }
-                    if !st.prompts.value.is_empty() && take("prompts", format!("{:?}", st.prompts.value), &st.prompts.from) {
-                        m.prompts = st.prompts.value.clone();
-                    }
-                    if let Some(default) = &st.default_prompt_name {
-                        if take("default_prompt_name", format!("{:?}", default.value), &default.from) {
-                            m.default_prompt_name = Some(default.value.clone());
-                        }
-                    }
-                    // OpenVINO compiles one static shape per bucket: without
-                    // buckets every batch would be padded to max_tokens.
-                    if crate::engines::find(&m.engine).is_some_and(|e| e.compiles_static_shapes()) && !set("buckets") {
-                        m.buckets = length_ladder(m.max_tokens);
-                        let shown: Vec<String> =
-                            m.buckets.iter().map(|b| format!("{{ max_tokens = {}, max_batch = {} }}", b.max_tokens, b.max_batch)).collect();
-                        m.inferred.push((format!("buckets = [{}]", shown.join(", ")), "a length ladder, as OpenVINO compiles one shape per bucket".into()));
-                    }
-                    m.inferred.push((format!("commit = {:?}", resolved.commit), "the Hub (or the HF cache's refs)".into()));
-                }
-                Err(reason) => {
-                    // Placeholders that pass validation; loading fails with the reason.
-                    if m.max_tokens < 3 {
-                        m.max_tokens = 512;
-                    }
-                    m.unavailable = Some(format!("{source}: {reason}"));
-                }
-            }
-        }
-    }
-
-    /// Entries that write `precision = "auto"`. One without an engine gets
-    /// ONNX Runtime, the fp32 reference the others are measured against.
-    fn mark_auto_precision(&mut self, written: &[serde_json::Value]) {
-        for (i, m) in self.models.iter_mut().enumerate() {
-            let Some(entry) = written.get(i) else { continue };
-            if entry.get("precision").and_then(|p| p.as_str()) != Some("auto") {
-                continue;
-            }
-            m.auto_precision = Some(if entry.get("engine").is_some() {
-                AutoPrecision::ItsEngine
-            } else {
-                m.engine = crate::variants::REFERENCE_ENGINE.into();
-                AutoPrecision::AnyEngine
-            });
-        }
-    }
-
-    /// Hands each entry's keys that are not `ModelConfig`'s to its engine,
-    /// which checks them once and returns them in their normal form.
-    fn check_engine_options(&mut self, written: &[serde_json::Value], base: &Path) -> Result<(), ConfigError> {
-        let common = serde_aux::serde_introspection::serde_introspect::<ModelConfig>();
-        let cache = self.cache_dir();
-        let resolve = |path: &Path| resolve_path(&path.to_string_lossy(), &cache, base);
-        for (i, m) in self.models.iter_mut().enumerate() {
-            let entry: serde_json::Map<String, serde_json::Value> = written
-                .get(i)
-                .and_then(|w| w.as_object())
-                .map(|w| {
-                    w.iter()
-                        // precision = "auto" is eeane's: each variant gets the engine's own precision keys.
-                        .filter(|(k, _)| {
-                            let eeanes = common.contains(&k.as_str()) || (m.auto_precision.is_some() && *k == "precision");
-                            !eeanes
-                        })
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            if m.auto_precision == Some(AutoPrecision::AnyEngine) {
-                // Each variant's engine checks these at its load; at least one must take them.
-                let refusals: Vec<String> =
-                    crate::engines::ENGINES.iter().filter_map(|e| e.options(&entry, &resolve).err().map(|r| format!("{}: {r}", e.name()))).collect();
-                if refusals.len() == crate::engines::ENGINES.len() && !refusals.is_empty() {
-                    return Err(ConfigError::Invalid {
-                        key: format!("models[{i}] (id {:?})", m.id),
-                        message: format!("no engine of this build takes these keys ({})", refusals.join("; ")),
-                    });
-                }
-                m.engine_options = entry;
-                continue;
-            }
-            let Some(engine) = crate::engines::find(&m.engine) else { continue };
-            let options = engine.options(&entry, &resolve).map_err(|message| ConfigError::Invalid {
-                key: format!("models[{i}] (id {:?})", m.id),
-                message: format!("{message} (a key that is not a model key belongs to its engine, {:?})", m.engine),
-            })?;
-            m.engine_options = match options.0 {
-                serde_json::Value::Object(map) => map,
-                _ => serde_json::Map::new(),
-            };
-        }
-        Ok(())
     }
 
     fn resolve_paths(&mut self) {
@@ -775,103 +656,6 @@ impl Config {
             m.tokenizer.resolve(&cache);
         }
     }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key: String, message: String| Err(ConfigError::Invalid { key, message });
-        if self.server.max_inputs == 0 {
-            return invalid("server.max_inputs".into(), "must be at least 1".into());
-        }
-        if self.server.max_connections == Some(0) {
-            return invalid("server.max_connections".into(), "must be at least 1 (leave it unset for the open-file limit less a reserve)".into());
-        }
-        if self.models.is_empty() {
-            return invalid("models".into(), "no [[models]] entry".into());
-        }
-        let keys: Vec<&str> = crate::engines::ENGINES.iter().flat_map(|e| std::iter::once(e.name()).chain(e.device_runtimes().iter().map(|r| r.key))).collect();
-        if let Some(name) = self.runtimes.0.keys().find(|name| !keys.contains(&name.as_str())) {
-            return invalid(format!("runtimes.{name}"), format!("no engine or runtime build of that name in this build; it has: {}", keys.join(", ")));
-        }
-        let mut names = HashSet::new();
-        for (i, m) in self.models.iter().enumerate() {
-            let key = |field: &str| format!("models[{i}].{field} (id {:?})", m.id);
-            if m.id.trim().is_empty() {
-                return invalid(format!("models[{i}].id"), "must not be empty".into());
-            }
-            for name in m.names() {
-                if !names.insert(name.to_string()) {
-                    return invalid(key("aliases"), format!("the name {name:?} is used by another model"));
-                }
-            }
-            if m.source.is_none() {
-                for (field, missing) in [("engine", m.engine.is_empty()), ("model", m.model.is_empty()), ("tokenizer", m.tokenizer.is_empty())] {
-                    if missing {
-                        return invalid(key(field), "is required (or name a Hub repository: source = \"hf:ORG/NAME\")".into());
-                    }
-                }
-            }
-            if let Some(name) = m.default_prompt_name.as_ref().filter(|n| !m.prompts.contains_key(*n)) {
-                return invalid(key("default_prompt_name"), format!("{name:?} is not one of its prompts"));
-            }
-            if crate::engines::find(&m.engine).is_none() {
-                return invalid(key("engine"), format!("unknown engine {:?}; this build has: {}", m.engine, crate::engines::names().join(", ")));
-            }
-            if m.max_tokens < 3 {
-                return invalid(key("max_tokens"), "must be at least 3".into());
-            }
-            if m.max_batch == 0 {
-                return invalid(key("max_batch"), "must be at least 1".into());
-            }
-            if m.buckets.iter().any(|b| b.max_tokens == 0 || b.max_batch == 0) {
-                return invalid(key("buckets"), "every bucket needs max_tokens and max_batch of at least 1".into());
-            }
-            if m.buckets.windows(2).any(|w| w[0].max_tokens >= w[1].max_tokens) {
-                return invalid(key("buckets"), "buckets must be in ascending order of max_tokens".into());
-            }
-            if m.buckets.iter().any(|b| b.max_tokens > m.max_tokens) {
-                return invalid(key("buckets"), format!("a bucket is longer than max_tokens = {}", m.max_tokens));
-            }
-            if m.kind == ModelKind::Reranker {
-                if m.pooling != Pooling::None {
-                    return invalid(key("pooling"), "a reranker's graph returns its score; set pooling = \"none\"".into());
-                }
-                if m.long_text != LongText::Truncate {
-                    return invalid(key("long_text"), "a reranker truncates the document; windows are for embeddings".into());
-                }
-                if m.rerank {
-                    return invalid(key("rerank"), "rerank = true is for embedding models; a reranker always reranks".into());
-                }
-            }
-            if m.auto_precision.is_some() {
-                if m.kind == ModelKind::Reranker {
-                    return invalid(key("precision"), "\"auto\" compares vectors; a reranker's entry names its precision".into());
-                }
-                if !m.device.eq_ignore_ascii_case("cpu") {
-                    return invalid(key("precision"), format!("\"auto\" measures the CPU's variants; name a precision for device {:?}", m.device));
-                }
-            }
-            if m.long_text == LongText::Window {
-                if m.window < 3 || m.window > m.max_tokens {
-                    return invalid(key("window"), format!("must be between 3 and max_tokens = {}", m.max_tokens));
-                }
-                if m.stride == 0 || m.stride > m.window - 2 {
-                    return invalid(key("stride"), format!("must be between 1 and window - 2 = {} (content tokens per window)", m.window - 2));
-                }
-            }
-        }
-        let resident = self.models.iter().filter(|m| m.policy(&self.server) == LoadPolicy::Resident).count();
-        if let Some(cap) = self.server.max_loaded_models {
-            if cap == 0 {
-                return invalid("server.max_loaded_models".into(), "must be at least 1 (leave it unset for no limit)".into());
-            }
-            if resident > cap {
-                return invalid("server.max_loaded_models".into(), format!("{resident} models are resident, more than max_loaded_models = {cap}"));
-            }
-        }
-        if self.models.iter().all(|m| m.policy(&self.server) == LoadPolicy::Disabled) {
-            return invalid("models".into(), "every model is disabled".into());
-        }
-        Ok(())
-    }
 }
 
 pub fn cache_dir_from_env() -> PathBuf {
@@ -879,22 +663,6 @@ pub fn cache_dir_from_env() -> PathBuf {
         return PathBuf::from(dir);
     }
     std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("eeane")
-}
-
-#[cfg(all(test, feature = "ncnn", feature = "onnxruntime", feature = "openvino"))]
-mod isolation_tests {
-    use super::{Isolation, Placement};
-
-    #[test]
-    fn auto_isolation_keeps_vulkan_models_in_the_server() {
-        assert_eq!(Isolation::Auto.resolve("ncnn", "vulkan:H200"), Placement::Thread);
-        assert_eq!(Isolation::Auto.resolve("ncnn", "vulkan:H200,vulkan:H200"), Placement::Thread);
-        assert_eq!(Isolation::Auto.resolve("ncnn", "cpu"), Placement::Process);
-        assert_eq!(Isolation::Auto.resolve("onnxruntime", "cpu"), Placement::Process);
-        assert_eq!(Isolation::Auto.resolve("openvino", "CPU,GPU"), Placement::Process);
-        assert_eq!(Isolation::Process.resolve("ncnn", "vulkan:H200"), Placement::Process);
-        assert_eq!(Isolation::Thread.resolve("onnxruntime", "cpu"), Placement::Thread);
-    }
 }
 
 #[cfg(test)]
@@ -947,7 +715,10 @@ mod tests {
             jail.create_dir("conf")?;
             jail.create_file(
                 "conf/eeane.toml",
-                "[[models]]\nid = \"a\"\nengine = \"onnxruntime\"\nmodel = \"m/model.onnx\"\ntokenizer = \"~/t.json\"\nmax_tokens = 128\n",
+                &format!(
+                    "[[models]]\nid = \"a\"\nengine = {:?}\nmodel = \"m/model.onnx\"\ntokenizer = \"~/t.json\"\nmax_tokens = 128\n",
+                    crate::engines::default_engine().name()
+                ),
             )?;
             jail.set_env("HOME", "/home/u");
             let config = Config::load(Some(Path::new("conf/eeane.toml")), &CliOverrides::default()).map_err(|e| e.to_string())?;
@@ -970,8 +741,11 @@ mod tests {
             assert!(err.contains("prot"), "{err}");
             jail.create_file(
                 "dup.toml",
-                "[[models]]\nid = \"a\"\nengine = \"onnxruntime\"\nmodel = \"m\"\ntokenizer = \"t\"\nmax_tokens = 9\n\
-                 [[models]]\nid = \"b\"\naliases = [\"a\"]\nengine = \"nope\"\nmodel = \"m\"\ntokenizer = \"t\"\nmax_tokens = 9\n",
+                &format!(
+                    "[[models]]\nid = \"a\"\nengine = {:?}\nmodel = \"m\"\ntokenizer = \"t\"\nmax_tokens = 9\n\
+                     [[models]]\nid = \"b\"\naliases = [\"a\"]\nengine = \"nope\"\nmodel = \"m\"\ntokenizer = \"t\"\nmax_tokens = 9\n",
+                    crate::engines::default_engine().name()
+                ),
             )?;
             let err = Config::load(Some(Path::new("dup.toml")), &CliOverrides::default()).unwrap_err().to_string();
             assert!(err.contains("models[1].aliases"), "{err}");

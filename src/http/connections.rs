@@ -420,7 +420,8 @@ pub async fn serve(listener: TcpListener, router: Router, limits: impl Fn() -> C
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let task = serve_connection(stream, peer, router.clone(), limits, table.clone(), connection, next_id, &graceful);
+        let admitted = Admitted { stream, peer, connection, id: next_id };
+        let task = serve_connection(admitted, router.clone(), limits, table.clone(), &graceful);
         tokio::spawn(task);
     }
     drop(listener);
@@ -451,17 +452,22 @@ fn refuse(stream: TcpStream) {
     let _ = stream.try_write(response.as_bytes());
 }
 
-#[allow(clippy::too_many_arguments)]
-fn serve_connection(
+/// A connection the table took: its socket, its peer, its entry and id.
+struct Admitted {
     stream: TcpStream,
     peer: SocketAddr,
+    connection: Arc<Connection>,
+    id: u64,
+}
+
+fn serve_connection(
+    admitted: Admitted,
     router: Router,
     limits: ConnectionLimits,
     table: Arc<Table>,
-    connection: Arc<Connection>,
-    id: u64,
     graceful: &GracefulShutdown,
 ) -> impl Future<Output = ()> + Send + 'static {
+    let Admitted { stream, peer, connection, id } = admitted;
     let mut socket = TimeoutStream::new(WatchedSocket { stream, table: table.clone(), connection: connection.clone() });
     socket.set_write_timeout(limits.write);
     let service = {

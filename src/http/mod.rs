@@ -3,6 +3,7 @@
 
 mod admin;
 pub mod connections;
+mod documents;
 pub mod error;
 mod health;
 mod metrics;

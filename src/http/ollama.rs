@@ -224,15 +224,8 @@ fn listed(app: &AppState, m: &ModelHealth, running: bool) -> OllamaModel {
     let path = config.map(|c| c.model.path());
     let file = path.as_deref().and_then(|p| std::fs::metadata(p).ok());
     let size = file.as_ref().map_or(0, |f| f.len());
-    let format = match m.engine.as_str() {
-        "onnxruntime" => "onnx",
-        "openvino" => "openvino",
-        "ncnn" => "ncnn",
-        "coreml" => "mlpackage",
-        other => other,
-    };
-    let precision =
-        m.loaded_model.as_ref().map(|l| l.precision.clone()).or_else(|| config.and_then(|c| c.engine_options.get("precision")?.as_str().map(str::to_string)));
+    let format = m.file_format();
+    let precision = m.loaded_model.as_ref().map(|l| l.precision.clone()).or_else(|| config.and_then(|c| c.configured_precision()));
     let expires_at = running.then(|| match m.keep_alive {
         k if k < 0.0 => rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799)), // 9999-12-31T23:59:59Z: never
         k => {

@@ -205,7 +205,7 @@ pub fn parse_rerank(body: &[u8], max_inputs: usize) -> Result<(TeiRerankRequest,
         Some(_) => return Err(tei(ApiError::invalid_request("empty_query", "query is empty").with_param("query"))),
         None => return Err(tei(ApiError::invalid_request("missing_query", "query is required").with_param("query"))),
     };
-    let texts = super::rerank::documents(request.texts.take(), max_inputs, "texts").map_err(tei)?;
+    let texts = super::documents::documents(request.texts.take(), max_inputs, "texts").map_err(tei)?;
     Ok((request, query, texts))
 }
 
@@ -267,7 +267,7 @@ pub async fn rerank_body(app: &AppState, body: &[u8]) -> Result<Response, ApiErr
         .rerank(ServeRerank { model: request.model, query, documents: texts, raw_scores: request.raw_scores, keep_alive: None })
         .await
         .map_err(tei)?;
-    let ranks: Vec<Rank> = super::rerank::best_first(&scores)
+    let ranks: Vec<Rank> = super::documents::best_first(&scores)
         .into_iter()
         .map(|index| Rank { index, score: scores[index], text: returned.as_ref().map(|t| t[index].clone()) })
         .collect();

@@ -13,44 +13,7 @@ pub fn bars() -> impl Progress {
 
 use super::hub::{Hub, Progress, RepoRef};
 use super::st::StModel;
-
-/// What a `source` entry is prepared into: the ONNX graph (the repository's
-/// own, one of its variants, or built from safetensors; ONNX Runtime and
-/// OpenVINO both read it), or ncnn's param/bin converted from the same
-/// builder's graph.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Target {
-    /// One of the repository's ONNX variants (onnx/model_O4.onnx).
-    pub onnx_file: Option<String>,
-    pub ncnn: bool,
-}
-
-impl Target {
-    /// The target an entry's engine and `onnx_file` call for.
-    pub fn for_engine(engine: &str, onnx_file: Option<&str>) -> Result<Target, PullError> {
-        if !matches!(engine, "onnxruntime" | "openvino" | "ncnn") {
-            return Err(PullError::Unsupported(format!(
-                "a Hub source is prepared for engine onnxruntime, openvino (both read its ONNX graph) or ncnn, not {engine:?}"
-            )));
-        }
-        let ncnn = engine == "ncnn";
-        if ncnn && onnx_file.is_some() {
-            return Err(PullError::Unsupported(
-                "onnx_file picks an ONNX variant; ncnn's graph is converted from model.safetensors (leave onnx_file out)".to_string(),
-            ));
-        }
-        Ok(Target { onnx_file: onnx_file.map(str::to_string), ncnn })
-    }
-
-    /// The prepared model's file in its folder.
-    pub fn model_file(&self) -> &'static str {
-        if self.ncnn {
-            "model.ncnn.param"
-        } else {
-            "model.onnx"
-        }
-    }
-}
+pub use super::target::Target;
 
 /// The files of a repository that serving it needs: the configs
 /// sentence-transformers and transformers read, the tokenizer, each module's
@@ -62,7 +25,7 @@ impl Target {
 /// external data too, beside the fp32 weights it is checked against; for
 /// ncnn, the safetensors whatever else the repository ships.
 pub fn select_files(listing: &[&str], target: &Target) -> Vec<String> {
-    let onnx = listing.contains(&"onnx/model.onnx") && !target.ncnn;
+    let onnx = listing.contains(&"onnx/model.onnx") && target.reads_repository_onnx();
     let onnx_file = target.onnx_file.as_deref();
     let variant = |f: &str| onnx_file.is_some_and(|v| f == v || f.strip_prefix(v).is_some_and(|rest| rest == "_data" || rest == ".data"));
     let config_or_tokenizer = |f: &str| {
@@ -115,8 +78,7 @@ pub struct Resolved {
 fn dir_name(repo: &RepoRef, target: &Target) -> String {
     let variant =
         target.onnx_file.as_ref().map(|f| format!("--{}", f.trim_start_matches("onnx/").trim_end_matches(".onnx").replace('/', "-"))).unwrap_or_default();
-    let ncnn = if target.ncnn { "--ncnn" } else { "" };
-    format!("hf--{}{variant}{ncnn}", repo.repo.replace('/', "--"))
+    format!("hf--{}{variant}{}", repo.repo.replace('/', "--"), target.preparation.folder_suffix)
 }
 
 /// Runs `work` on a thread of its own: the Hub client drives its own
@@ -133,7 +95,7 @@ fn fetch_configs(hub: &Hub, repo: &RepoRef, progress: &dyn Progress) -> Result<(
         repo,
         |all: &[&str]| {
             *listing.borrow_mut() = all.iter().map(|f| f.to_string()).collect();
-            select_files(all, &Target::default()).into_iter().filter(|f| f.ends_with(".json")).collect()
+            select_files(all, &Target::default_engine()).into_iter().filter(|f| f.ends_with(".json")).collect()
         },
         progress,
     ))?;
@@ -174,12 +136,16 @@ pub fn resolve(source: &str, downloads: bool, target: &Target) -> Result<Resolve
     Ok(Resolved { dir_name: dir_name(&repo, target), commit, model })
 }
 
-/// The repository read for `target`: ncnn converts from safetensors, so
-/// the repository's own ONNX does not count, and it serves embeddings only.
+/// The repository read for `target`: an engine that converts from
+/// safetensors ignores the repository's own ONNX, and may serve embeddings only.
 fn read_for(dir: &Path, repo: &str, ships_onnx: bool, target: &Target) -> Result<StModel, PullError> {
-    let model = StModel::read(dir, repo, ships_onnx && !target.ncnn)?;
-    if target.ncnn && model.reranker {
-        return Err(PullError::Unsupported(format!("{repo} is a cross-encoder; the ncnn engine serves embedding models (use engine = \"onnxruntime\")")));
+    let model = StModel::read(dir, repo, ships_onnx && target.reads_repository_onnx())?;
+    if model.reranker && !target.preparation.serves_rerankers {
+        let default = crate::engines::default_engine().name();
+        return Err(PullError::Unsupported(format!(
+            "{repo} is a cross-encoder; the {} engine serves embedding models (use engine = {default:?})",
+            target.engine
+        )));
     }
     Ok(model)
 }
@@ -259,7 +225,7 @@ fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Targe
             "{} has no model.safetensors at {} (eeane builds {} graphs from it)",
             repo.repo,
             snapshot.commit,
-            if target.ncnn { "ncnn" } else { "ONNX" }
+            if target.reads_repository_onnx() { "ONNX" } else { target.engine }
         )));
     }
     eprintln!(
@@ -289,11 +255,10 @@ fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Targe
     if let Some(file) = &target.onnx_file {
         args.extend(["--onnx-file".to_string(), file.clone()]);
     }
-    if target.ncnn {
-        args.push("--ncnn".into());
+    if let Some(flag) = target.preparation.converter_flag {
+        args.push(flag.into());
     }
-    // ncnn's runtime (and Python module, for the conversion's check) is built once, on first need.
-    super::run_prepare(cache, &args, if target.ncnn { "ncnn" } else { "" })?;
+    super::run_prepare(cache, &args, target.preparation.setup_extra.unwrap_or(""))?;
     Ok(model.entry(&repo.repo, &snapshot.commit, &dir_name, target))
 }
 
@@ -333,6 +298,7 @@ impl Progress for LogProgress {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use eeane_backend_core::HubPreparation;
 
     #[test]
     fn picks_configs_tokenizer_modules_and_one_set_of_weights() {
@@ -356,7 +322,7 @@ mod tests {
             "2_Dense/config.json",
             "2_Dense/model.safetensors",
         ];
-        let chosen = select_files(&st, &Target::default());
+        let chosen = select_files(&st, &Target::default_engine());
         for f in ["1_Pooling/config.json", "config.json", "model.safetensors", "modules.json", "tokenizer.json", "vocab.txt", "2_Dense/model.safetensors"] {
             assert!(chosen.contains(&f.to_string()), "{f} not chosen: {chosen:?}");
         }
@@ -364,14 +330,18 @@ mod tests {
             assert!(!chosen.contains(&f.to_string()), "{f} chosen");
         }
         let with_onnx = ["config.json", "model.safetensors", "onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_quantized.onnx", "tokenizer.json"];
-        assert_eq!(select_files(&with_onnx, &Target::default()), ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "tokenizer.json"]);
+        assert_eq!(select_files(&with_onnx, &Target::default_engine()), ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "tokenizer.json"]);
         assert_eq!(
-            select_files(&with_onnx, &Target { onnx_file: Some("onnx/model_quantized.onnx".into()), ncnn: false }),
+            select_files(&with_onnx, &Target { onnx_file: Some("onnx/model_quantized.onnx".into()), ..Target::default_engine() }),
             ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_quantized.onnx", "tokenizer.json"]
         );
-        // ncnn converts from safetensors, whatever ONNX the repository ships.
-        let ncnn = Target::for_engine("ncnn", None).unwrap();
-        assert_eq!(select_files(&with_onnx, &ncnn), ["config.json", "model.safetensors", "tokenizer.json"]);
-        assert!(Target::for_engine("ncnn", Some("onnx/model_O4.onnx")).unwrap_err().to_string().contains("onnx_file"));
+        // An engine that converts from safetensors takes them, whatever ONNX the repository ships.
+        let converting = HubPreparation { reads_repository_onnx: false, ..HubPreparation::ONNX };
+        let target = Target { engine: "converting", preparation: converting, onnx_file: None };
+        assert_eq!(select_files(&with_onnx, &target), ["config.json", "model.safetensors", "tokenizer.json"]);
+        for engine in crate::engines::ENGINES.iter().filter(|e| e.hub_preparation().is_some_and(|p| !p.reads_repository_onnx)) {
+            let refused = Target::for_engine(engine.name(), Some("onnx/model_O4.onnx")).unwrap_err().to_string();
+            assert!(refused.contains("onnx_file"), "{refused}");
+        }
     }
 }

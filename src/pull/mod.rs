@@ -9,6 +9,7 @@ pub mod download;
 pub mod hf;
 pub mod hub;
 pub mod st;
+pub mod target;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -78,9 +78,10 @@ fn read_json(dir: &Path, file: &str) -> Result<Option<Value>, PullError> {
 pub fn unsupported(repo: &str, architecture: &str) -> String {
     format!(
         "{repo} is a {architecture}; eeane builds graphs from safetensors for {} only, and serves any architecture from an ONNX file. \
-         Export one with `optimum-cli export onnx --model {repo} --task feature-extraction {}-onnx/` and serve its model.onnx with engine = \"onnxruntime\"",
+         Export one with `optimum-cli export onnx --model {repo} --task feature-extraction {}-onnx/` and serve its model.onnx with engine = {:?}",
         BUILT_FROM_SAFETENSORS.join(", "),
-        repo.rsplit('/').next().unwrap_or(repo)
+        repo.rsplit('/').next().unwrap_or(repo),
+        crate::engines::default_engine().name()
     )
 }
 
@@ -244,9 +245,9 @@ impl StModel {
 
     /// The `[[models]]` entry that serves the prepared model, each inferred
     /// value with the file it came from.
-    pub fn entry(&self, repo: &str, commit: &str, dir_name: &str, target: &super::hf::Target) -> String {
+    pub fn entry(&self, repo: &str, commit: &str, dir_name: &str, target: &super::target::Target) -> String {
         let kind = if self.reranker { "kind = \"reranker\"  # config.json (a sequence classifier with one label)\n" } else { "" };
-        let engine = if target.ncnn { "ncnn" } else { "onnxruntime" };
+        let engine = target.engine;
         let mut entry = format!(
             "[[models]]\nid = {repo:?}\n{kind}engine = \"{engine}\"\nmodel = \"{{cache}}/models/{dir_name}/{}\"\ntokenizer = \"{{cache}}/models/{dir_name}/tokenizer.json\"\n\
              pooling = {:?}  # {}\nnormalize = {}  # {}\nmax_tokens = {}  # {}\n# source: hf:{repo}@{commit} ({}{})\n",

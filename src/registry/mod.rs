@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use slot::{KeepAlive, ModelLease, ModelSlot, SlotCounters, SlotState, SlotStatus};
+pub use slot::{KeepAlive, ModelLease, ModelSlot, SlotCounters, SlotState, SlotStatus, SurveyStatus};
 
 use crate::config::{Config, LoadPolicy};
 

@@ -63,6 +63,8 @@ pub struct SlotCounters {
 
 struct Inner {
     state: SlotState,
+    /// The `precision = "auto"` survey of this entry, when one ran or runs here.
+    survey: Option<SurveyStatus>,
     busy: usize,
     /// When `busy` last fell to 0 (or the model loaded).
     idle_since: Instant,
@@ -79,6 +81,30 @@ pub struct ModelSlot {
     inner: Mutex<Inner>,
     /// One load at a time per slot: concurrent first requests wait on one load.
     pub(super) loading: tokio::sync::Mutex<()>,
+}
+
+/// A `precision = "auto"` survey run by this server, for /health: while it
+/// runs the fp32 reference serves, and the slot switches to the variant it
+/// chooses between requests.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct SurveyStatus {
+    /// running, done or failed.
+    pub state: &'static str,
+    /// Variants it measures (the chosen one's engine layouts come after).
+    pub variants: usize,
+    /// Unix seconds when it started.
+    pub started_at: u64,
+    /// Its time so far, or in all once it ended, apart from the model's load time.
+    pub seconds: f64,
+    /// The variant it chose, once done.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chosen: Option<String>,
+    /// Whether the slot switched to it (not when the model was unloaded or
+    /// replaced meanwhile: the verdict is kept for its next load).
+    pub switched: bool,
+    /// Why it failed; the fp32 reference keeps serving.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// A snapshot for /health and /v1/models.
@@ -103,7 +129,7 @@ impl ModelSlot {
             keep_alive: KeepAlive::from_seconds(config.keep_alive(server)),
             config,
             counters: SlotCounters::default(),
-            inner: Mutex::new(Inner { state: SlotState::Unloaded, busy: 0, idle_since: Instant::now(), idle_generation: 0, last_used: None }),
+            inner: Mutex::new(Inner { state: SlotState::Unloaded, survey: None, busy: 0, idle_since: Instant::now(), idle_generation: 0, last_used: None }),
             loading: Default::default(),
         }
     }
@@ -116,6 +142,7 @@ impl ModelSlot {
     pub fn same_entry(&self, config: &ModelConfig, server: &ServerConfig) -> bool {
         let as_toml = |c: &ModelConfig| toml::to_string(c).ok();
         as_toml(&self.config) == as_toml(config)
+            && self.config.auto_precision == config.auto_precision
             && self.policy == config.policy(server)
             && self.keep_alive == KeepAlive::from_seconds(config.keep_alive(server))
     }
@@ -157,11 +184,23 @@ impl ModelSlot {
         Some(ModelLease { slot: self.clone(), model, keep_alive: None })
     }
 
+    /// The survey this slot ran or runs, for /health.
+    pub fn survey(&self) -> Option<SurveyStatus> {
+        let mut survey = self.inner().survey.clone()?;
+        if survey.state == "running" {
+            survey.seconds = unix_now().saturating_sub(survey.started_at) as f64;
+        }
+        Some(survey)
+    }
+
     /// Loads the model and returns the first lease on it.
     pub(super) async fn load(self: &Arc<Self>, config: &Config) -> Result<ModelLease, Arc<str>> {
         tracing::info!(model = %self.config.id, engine = %self.config.engine, "loading");
         match crate::variants::load(&self.config, config).await {
-            Ok(model) => {
+            Ok(crate::variants::Loaded { model, survey }) => {
+                if let Some(survey) = survey {
+                    self.start_survey(survey);
+                }
                 let model = Arc::new(model);
                 let info = model.engine_info();
                 tracing::info!(model = %self.config.id, engine = %info.engine, device = %info.device,
@@ -180,6 +219,61 @@ impl ModelSlot {
                 Err(reason.into())
             }
         }
+    }
+
+    /// Runs `survey` beside the fp32 reference that serves meanwhile; once it
+    /// chooses, the slot serves the chosen variant from the next request on
+    /// (requests in flight finish on the reference). One survey at a time: a
+    /// reload of the reference while one runs waits for its verdict.
+    fn start_survey(self: &Arc<Self>, survey: crate::variants::PendingSurvey) {
+        let variants = survey.variants();
+        {
+            let mut inner = self.inner();
+            if inner.survey.as_ref().is_some_and(|s| s.state == "running") {
+                return;
+            }
+            let started_at = unix_now();
+            inner.survey = Some(SurveyStatus { state: "running", variants, started_at, seconds: 0.0, chosen: None, switched: false, error: None });
+        }
+        tracing::info!(model = %self.config.id, variants, "precision = auto: the fp32 reference serves while the survey measures the variants");
+        let slot = self.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let result = survey.run().await;
+            let seconds = started.elapsed().as_secs_f64();
+            let mut inner = slot.inner();
+            let Some(status) = inner.survey.as_mut() else { return };
+            status.seconds = seconds;
+            match result {
+                Ok(model) => {
+                    let chosen = model.variant.as_ref().map(|v| v.chosen.clone()).unwrap_or_default();
+                    status.state = "done";
+                    status.chosen = Some(chosen.clone());
+                    // Only a reference still waiting is replaced: an unload or a reload since leaves the slot as it is.
+                    let waiting = matches!(&inner.state, SlotState::Loaded(m) if m.variant.as_ref().is_some_and(|v| v.awaiting_survey));
+                    if waiting {
+                        let served = Arc::new(model);
+                        if let Some(status) = inner.survey.as_mut() {
+                            status.switched = true;
+                        }
+                        let reference = std::mem::replace(&mut inner.state, SlotState::Loaded(served));
+                        drop(inner);
+                        tracing::info!(model = %slot.config.id, chosen = %chosen, seconds, "precision = auto: survey done; serving the chosen variant");
+                        // Requests in flight hold the reference until they finish.
+                        drop(reference);
+                    } else {
+                        drop(inner);
+                        tracing::info!(model = %slot.config.id, chosen = %chosen, seconds, "precision = auto: survey done; kept for the next load");
+                    }
+                }
+                Err(e) => {
+                    status.state = "failed";
+                    status.error = Some(e.to_string());
+                    drop(inner);
+                    tracing::warn!(model = %slot.config.id, seconds, "precision = auto: the survey failed ({e}); the fp32 reference keeps serving");
+                }
+            }
+        });
     }
 
     /// Marks the slot failed without loading (a start-up check found a problem);
@@ -247,6 +341,10 @@ impl ModelSlot {
             tracing::info!(model = %self.config.id, "unloading: retired");
         }
     }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// A request's hold on a loaded model. While any lease is out the model stays loaded.

@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 
 use super::Service;
 use crate::config::Placement;
-use crate::registry::{KeepAlive, ModelSlot, SlotState, SlotStatus};
+use crate::registry::{KeepAlive, ModelSlot, SlotState, SlotStatus, SurveyStatus};
 use crate::sync::Recover;
 
 impl Service {
@@ -84,6 +84,9 @@ pub struct ModelHealth {
     pub keep_alive: f64,
     #[serde(flatten)]
     pub status: SlotStatus,
+    /// The `precision = "auto"` survey this server ran or runs for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub survey: Option<SurveyStatus>,
     pub counters: Counters,
     #[serde(flatten)]
     pub loaded_model: Option<LoadedHealth>,
@@ -158,6 +161,11 @@ fn name_of(value: impl Serialize) -> String {
 }
 
 impl ModelHealth {
+    /// The kind of model file its engine reads (`Backend::file_format`).
+    pub fn file_format(&self) -> &'static str {
+        crate::engines::find(&self.engine).map_or("unknown", |e| e.file_format())
+    }
+
     pub(super) fn of(slot: &ModelSlot) -> Self {
         let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
         let c = &slot.counters;
@@ -181,6 +189,7 @@ impl ModelHealth {
                 KeepAlive::For(d) => d.as_secs_f64(),
             },
             status: slot.status(),
+            survey: slot.survey(),
             counters: Counters {
                 requests: load(&c.requests),
                 inferences: load(&c.inferences),

@@ -333,6 +333,42 @@ impl PrecisionOffer {
     }
 }
 
+/// How a Hugging Face repository (`source = "hf:..."`) is prepared for an
+/// engine that serves such models: `eeane pull` and a Hub entry's first load
+/// follow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HubPreparation {
+    /// The prepared model's file in its folder.
+    pub model_file: &'static str,
+    /// What tells engines' preparations apart in the prepared folder's name
+    /// ("" for the ONNX graph that several engines read).
+    pub folder_suffix: &'static str,
+    /// The flag of models/prepare.py that converts the graph built from the
+    /// safetensors for this engine; `None` serves the ONNX graph itself.
+    pub converter_flag: Option<&'static str>,
+    /// What models/setup.sh installs before that conversion (its
+    /// EEANE_EXTRA_MODELS word); `None` when nothing more is needed.
+    pub setup_extra: Option<&'static str>,
+    /// Whether it reads the repository's own ONNX graph (`onnx/model.onnx`)
+    /// and its variants (`onnx_file`), rather than converting from safetensors.
+    pub reads_repository_onnx: bool,
+    /// Whether it serves cross-encoders (one-label sequence classifiers).
+    pub serves_rerankers: bool,
+}
+
+impl HubPreparation {
+    /// The ONNX graph: the repository's own, one of its variants, or built
+    /// from its safetensors.
+    pub const ONNX: HubPreparation = HubPreparation {
+        model_file: "model.onnx",
+        folder_suffix: "",
+        converter_flag: None,
+        setup_extra: None,
+        reads_repository_onnx: true,
+        serves_rerankers: true,
+    };
+}
+
 /// A device's name and its memory in use, as its driver reports them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeviceMemory {
@@ -351,6 +387,33 @@ pub type PathResolver<'a> = &'a dyn Fn(&Path) -> PathBuf;
 pub trait Backend: Sync {
     /// The name a model entry's `engine` key gives.
     fn name(&self) -> &'static str;
+
+    /// Whether this is the engine of entries that name none (a Hub source's
+    /// entry), whose fp32 run of a graph is also `precision = "auto"`'s
+    /// reference. One engine of a build says so (`engines::default_engine`).
+    fn is_default(&self) -> bool {
+        false
+    }
+
+    /// The kind of model file it reads, as Ollama's `/api/tags` reports a
+    /// model's `format`.
+    fn file_format(&self) -> &'static str {
+        self.name()
+    }
+
+    /// How a Hub repository is prepared for it; `None` for an engine that
+    /// does not serve Hub sources.
+    fn hub_preparation(&self) -> Option<HubPreparation> {
+        None
+    }
+
+    /// The precision the entry's checked options (`Backend::options`'
+    /// normal form) select, before anything is loaded; `None` when the
+    /// options name none.
+    fn configured_precision(&self, options: &Options) -> Option<String> {
+        let _ = options;
+        None
+    }
 
     /// Where its runtime library is by default (the `[runtimes]` key of the
     /// same name overrides it), `{cache}` standing for eeane's cache; `None`

@@ -264,6 +264,10 @@ impl Backend for Coreml {
         "coreml"
     }
 
+    fn file_format(&self) -> &'static str {
+        "mlpackage"
+    }
+
     /// Core ML is a system framework: nothing to open by path.
     fn default_runtime(&self) -> Option<&'static str> {
         None

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use eeane_backend_core::{
-    Backend, Device, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Isolation, Options, PathResolver, TokenBatch,
-    VisibleDevices,
+    Backend, Device, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, HubPreparation, InputShapes, InvalidOptions, Isolation, Options, PathResolver,
+    TokenBatch, VisibleDevices,
 };
 
 type GpuCount = unsafe extern "C" fn() -> c_int;
@@ -153,6 +153,24 @@ pub struct NcnnOptions {
 impl Backend for Ncnn {
     fn name(&self) -> &'static str {
         "ncnn"
+    }
+
+    fn hub_preparation(&self) -> Option<HubPreparation> {
+        Some(HubPreparation {
+            model_file: "model.ncnn.param",
+            folder_suffix: "--ncnn",
+            converter_flag: Some("--ncnn"),
+            // ncnn's runtime and Python module, for the conversion's check, are built on first need.
+            setup_extra: Some("ncnn"),
+            // Converted from the graph built from model.safetensors.
+            reads_repository_onnx: false,
+            serves_rerankers: false,
+        })
+    }
+
+    fn configured_precision(&self, options: &Options) -> Option<String> {
+        let precision = options.typed::<NcnnOptions>().ok()?.precision;
+        serde_json::to_value(precision).ok()?.as_str().map(str::to_string)
     }
 
     fn default_runtime(&self) -> Option<&'static str> {

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use eeane_backend_core::{
-    Backend, CpuFeatures, DeviceMemory, DeviceRuntime, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, InputShapes, InvalidOptions,
-    Options, PathResolver, PrecisionOffer, TokenBatch,
+    Backend, CpuFeatures, DeviceMemory, DeviceRuntime, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, HubPreparation, InputShapes,
+    InvalidOptions, Options, PathResolver, PrecisionOffer, TokenBatch,
 };
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
@@ -79,6 +79,22 @@ pub struct OnnxRuntimeOptions {
 impl Backend for OnnxRuntime {
     fn name(&self) -> &'static str {
         "onnxruntime"
+    }
+
+    fn is_default(&self) -> bool {
+        true
+    }
+
+    fn file_format(&self) -> &'static str {
+        "onnx"
+    }
+
+    fn hub_preparation(&self) -> Option<HubPreparation> {
+        Some(HubPreparation::ONNX)
+    }
+
+    fn configured_precision(&self, options: &Options) -> Option<String> {
+        options.typed::<OnnxRuntimeOptions>().ok()?.precision
     }
 
     fn default_runtime(&self) -> Option<&'static str> {

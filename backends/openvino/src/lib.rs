@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use eeane_backend_core::{
-    compile_cache, Backend, CpuFeatures, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, InputShapes, InvalidOptions, Options,
-    PathResolver, PrecisionOffer, TokenBatch,
+    compile_cache, Backend, CpuFeatures, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, HubPreparation, InputShapes, InvalidOptions,
+    Options, PathResolver, PrecisionOffer, TokenBatch,
 };
 use openvino::{Core, DeviceType, Dimension, ElementType, InferRequest, PartialShape, RwPropertyKey, Shape, Tensor};
 
@@ -63,6 +63,16 @@ pub enum CacheMode {
 impl Backend for OpenVino {
     fn name(&self) -> &'static str {
         "openvino"
+    }
+
+    /// OpenVINO reads the same ONNX graph as ONNX Runtime.
+    fn hub_preparation(&self) -> Option<HubPreparation> {
+        Some(HubPreparation::ONNX)
+    }
+
+    fn configured_precision(&self, options: &Options) -> Option<String> {
+        let precision = options.typed::<OpenVinoOptions>().ok()?.precision;
+        serde_json::to_value(precision).ok()?.as_str().map(str::to_string)
     }
 
     fn default_runtime(&self) -> Option<&'static str> {
