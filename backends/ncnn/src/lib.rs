@@ -42,7 +42,7 @@ struct Shim {
     _library: libloading::Library,
 }
 
-static SHIM: OnceLock<Result<Arc<Shim>, String>> = OnceLock::new();
+static SHIM: OnceLock<Result<Arc<Shim>, EngineError>> = OnceLock::new();
 /// Nets alive on a Vulkan device; when the last goes, the GPU instance goes too.
 static GPU_NETS: AtomicUsize = AtomicUsize::new(0);
 /// Held while the GPU instance may be created or destroyed (device listing,
@@ -93,16 +93,17 @@ fn release_gpu_if_unused(shim: &Shim) {
 }
 
 fn shim(path: &Path) -> Result<Arc<Shim>, EngineError> {
+    let fail = |message: String| EngineError::Runtime(message);
     SHIM.get_or_init(|| {
         if !path.exists() {
-            return Err(format!("ncnn shim {} not found (run models/build_ncnn.sh, or set runtimes.ncnn)", path.display()));
+            return Err(fail(format!("ncnn shim {} not found (run models/build_ncnn.sh, or set runtimes.ncnn)", path.display())));
         }
         // SAFETY: the shim is eeane's own library with the signatures above.
         unsafe {
-            let library = libloading::Library::new(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            let library = libloading::Library::new(path).map_err(|e| fail(format!("cannot open {}: {e}", path.display())))?;
             macro_rules! sym {
                 ($name:literal) => {
-                    *library.get($name).map_err(|e| format!("{}: {e}", path.display()))?
+                    *library.get($name).map_err(|e| fail(format!("{}: {e}", path.display())))?
                 };
             }
             Ok(Arc::new(Shim {
@@ -119,7 +120,6 @@ fn shim(path: &Path) -> Result<Arc<Shim>, EngineError> {
         }
     })
     .clone()
-    .map_err(EngineError::Runtime)
 }
 
 /// The ncnn engine, as eeane registers it.

@@ -82,8 +82,8 @@ struct Nvml {
     memory: unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> NvmlReturn,
 }
 
-fn nvml() -> Result<&'static Nvml, String> {
-    static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
+fn nvml() -> Result<&'static Nvml, EngineError> {
+    static NVML: OnceLock<Result<Nvml, EngineError>> = OnceLock::new();
     NVML.get_or_init(open_nvml).as_ref().map_err(Clone::clone)
 }
 
@@ -91,21 +91,25 @@ fn nvml() -> Result<&'static Nvml, String> {
 ///
 /// # Safety
 /// `T` must be the symbol's true signature.
-unsafe fn function<T: Copy>(library: &libloading::Library, name: &[u8]) -> Result<T, String> {
-    library.get::<T>(name).map(|s| *s).map_err(|e| format!("NVML lacks {}: {e}", String::from_utf8_lossy(&name[..name.len() - 1])))
+unsafe fn function<T: Copy>(library: &libloading::Library, name: &[u8]) -> Result<T, EngineError> {
+    library.get::<T>(name).map(|s| *s).map_err(|e| EngineError::Device(format!("NVML lacks {}: {e}", String::from_utf8_lossy(&name[..name.len() - 1]))))
 }
 
-fn open_nvml() -> Result<Nvml, String> {
+/// NVML's failures are the GPU's: `EngineError::Device`, whose words
+/// `problem` lists as they are.
+fn open_nvml() -> Result<Nvml, EngineError> {
     // SAFETY: NVML's documented entry points with their C signatures; the
     // library stays loaded for the process's life.
     unsafe {
         let library = libloading::Library::new("libnvidia-ml.so.1").map_err(|e| {
-            format!("NVML (libnvidia-ml.so.1, part of the NVIDIA driver) cannot be opened: {e}; install the NVIDIA driver, or use device = \"cpu\"")
+            EngineError::Device(format!(
+                "NVML (libnvidia-ml.so.1, part of the NVIDIA driver) cannot be opened: {e}; install the NVIDIA driver, or use device = \"cpu\""
+            ))
         })?;
         let init: unsafe extern "C" fn() -> NvmlReturn = function(&library, b"nvmlInit_v2\0")?;
         let code = init();
         if code != 0 {
-            return Err(format!("NVML cannot start (nvmlInit_v2 returned {code}): the NVIDIA driver is not loaded or sees no GPU"));
+            return Err(EngineError::Device(format!("NVML cannot start (nvmlInit_v2 returned {code}): the NVIDIA driver is not loaded or sees no GPU")));
         }
         Ok(Nvml {
             count: function(&library, b"nvmlDeviceGetCount_v2\0")?,
@@ -119,14 +123,14 @@ fn open_nvml() -> Result<Nvml, String> {
 }
 
 /// The GPUs NVML lists, in its order.
-pub fn gpus() -> Result<Vec<Gpu>, String> {
+pub fn gpus() -> Result<Vec<Gpu>, EngineError> {
     let nvml = nvml()?;
     let mut count: c_uint = 0;
     // SAFETY: NVML calls with buffers of the sizes NVML documents.
     unsafe {
         let code = (nvml.count)(&mut count);
         if code != 0 {
-            return Err(format!("NVML cannot count the GPUs (error {code})"));
+            return Err(EngineError::Device(format!("NVML cannot count the GPUs (error {code})")));
         }
         let mut gpus = Vec::with_capacity(count as usize);
         for index in 0..count {
@@ -155,7 +159,7 @@ pub fn gpus() -> Result<Vec<Gpu>, String> {
 pub fn pick(device: &str, forbidden: &[String]) -> Result<Gpu, EngineError> {
     let wanted = device.trim().strip_prefix("cuda:").ok_or_else(|| EngineError::Device(format!("device {device:?}: use \"cpu\" or \"cuda:<GPU name>\"")))?;
     eeane_backend_core::refuse_index("CUDA", wanted)?;
-    let gpus = gpus().map_err(EngineError::Device)?;
+    let gpus = gpus()?;
     let names: Vec<String> = gpus.iter().map(|g| g.name.clone()).collect();
     let index = eeane_backend_core::pick_device_by_name("CUDA", wanted, &names, forbidden)?;
     Ok(gpus[index].clone())
@@ -250,26 +254,25 @@ pub fn problem(device: &str, runtime: Option<&Path>, forbidden: &[String]) -> Op
 /// runtime first, so that ONNX Runtime's CUDA provider finds them whatever
 /// LD_LIBRARY_PATH says. Once per process.
 pub fn preload(runtime: &Path) -> Result<(), EngineError> {
-    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+    static LOADED: OnceLock<Result<(), EngineError>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
             let dirs = library_dirs(runtime);
             for name in CUDA_LIBRARIES.iter().chain(CUDNN_LIBRARIES) {
-                let path = locate(name, &dirs).ok_or_else(|| format!("{name} not found"))?;
-                let text = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+                let path = locate(name, &dirs).ok_or_else(|| EngineError::Runtime(format!("{name} not found")))?;
+                let text = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| EngineError::Runtime(e.to_string()))?;
                 // SAFETY: loading a shared library; it stays loaded for the process's life.
                 let handle = unsafe { libc::dlopen(text.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
                 if handle.is_null() {
                     // SAFETY: dlerror returns the last error as a C string, or null.
                     let why = unsafe { libc::dlerror() };
                     let why = if why.is_null() { "unknown".into() } else { unsafe { CStr::from_ptr(why) }.to_string_lossy().into_owned() };
-                    return Err(format!("cannot load {}: {why}", path.display()));
+                    return Err(EngineError::Runtime(format!("cannot load {}: {why}", path.display())));
                 }
             }
             Ok(())
         })
         .clone()
-        .map_err(EngineError::Runtime)
 }
 
 /// CUDA's device ordinal for an NVML GPU, matched by PCI bus id through the

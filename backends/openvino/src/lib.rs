@@ -15,7 +15,7 @@ use eeane_backend_core::{
 };
 use openvino::{Core, DeviceType, Dimension, ElementType, InferRequest, PartialShape, RwPropertyKey, Shape, Tensor};
 
-static RUNTIME: OnceLock<Result<String, String>> = OnceLock::new();
+static RUNTIME: OnceLock<Result<String, EngineError>> = OnceLock::new();
 
 /// The OpenVINO engine, as eeane registers it.
 pub struct OpenVino;
@@ -111,19 +111,19 @@ fn no_library() -> EngineError {
 fn open(path: &Path) -> Result<String, EngineError> {
     RUNTIME
         .get_or_init(|| {
+            let fail = |message: String| EngineError::Runtime(message);
             if !path.is_file() {
-                return Err(format!(
+                return Err(fail(format!(
                     "OpenVINO library {} not found (run models/setup.sh with EEANE_EXTRA_MODELS=openvino, or set runtimes.openvino)",
                     path.display()
-                ));
+                )));
             }
             // Through any symlink: the library finds its siblings by $ORIGIN, the real directory.
-            let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            openvino_sys::library::load_from(&real).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            let real = std::fs::canonicalize(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+            openvino_sys::library::load_from(&real).map_err(|e| fail(format!("cannot open {}: {e}", path.display())))?;
             Ok(openvino::version().build_number)
         })
         .clone()
-        .map_err(EngineError::Runtime)
 }
 
 /// The devices asked for ("CPU", "GPU", "NPU", "GPU.1", comma-separated in
