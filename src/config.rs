@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use eeane_backend_core::Devices;
 pub use eeane_backend_core::Isolation as Placement;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
@@ -140,7 +141,7 @@ pub enum Isolation {
 
 impl Isolation {
     /// Where a model of `engine` on `device` runs: `auto` is the engine's choice.
-    pub fn resolve(self, engine: &str, device: &str) -> Placement {
+    pub fn resolve(self, engine: &str, device: &Devices) -> Placement {
         match self {
             Isolation::Auto => crate::engines::find(engine).map_or(Placement::Process, |e| e.default_isolation(device)),
             Isolation::Process => Placement::Process,
@@ -173,7 +174,7 @@ pub struct RuntimesConfig(BTreeMap<String, ConfigPath>);
 impl RuntimesConfig {
     /// The runtime library an engine opens for a model on `device`; `None`
     /// for one that opens none.
-    pub fn library(&self, engine: &str, device: &str) -> Option<PathBuf> {
+    pub fn library(&self, engine: &str, device: &Devices) -> Option<PathBuf> {
         let key = crate::engines::find(engine).and_then(|e| e.device_runtime(device)).map_or(engine, |r| r.key);
         self.0.get(key).map(ConfigPath::path)
     }
@@ -249,25 +250,8 @@ fn default_stride() -> usize {
     96
 }
 
-/// A device name or a list of them, kept as one comma-separated string.
-fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
-    }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::One(s) => s,
-        OneOrMany::Many(v) => v.join(","),
-    })
-}
-
 fn yes() -> bool {
     true
-}
-fn cpu() -> String {
-    "cpu".into()
 }
 fn default_max_batch() -> usize {
     32
@@ -390,8 +374,8 @@ pub struct ModelConfig {
     pub stride: usize,
     /// Device, or devices in order of preference: "cpu" for onnxruntime;
     /// "CPU", "GPU", "NPU" or a list of them for openvino.
-    #[serde(default = "cpu", deserialize_with = "one_or_many")]
-    pub device: String,
+    #[serde(default)]
+    pub device: Devices,
     /// Engine compute threads; 0 lets the runtime choose.
     #[serde(default)]
     pub threads: usize,
@@ -845,7 +829,7 @@ impl Config {
                 if m.kind == ModelKind::Reranker {
                     return invalid(key("precision"), "\"auto\" compares vectors; a reranker's entry names its precision".into());
                 }
-                if !m.device.eq_ignore_ascii_case("cpu") {
+                if !m.device.single().is_some_and(|d| d.is_cpu()) {
                     return invalid(key("precision"), format!("\"auto\" measures the CPU's variants; name a precision for device {:?}", m.device));
                 }
             }
@@ -883,17 +867,18 @@ pub fn cache_dir_from_env() -> PathBuf {
 
 #[cfg(all(test, feature = "ncnn", feature = "onnxruntime", feature = "openvino"))]
 mod isolation_tests {
-    use super::{Isolation, Placement};
+    use super::{Devices, Isolation, Placement};
 
     #[test]
     fn auto_isolation_keeps_vulkan_models_in_the_server() {
-        assert_eq!(Isolation::Auto.resolve("ncnn", "vulkan:H200"), Placement::Thread);
-        assert_eq!(Isolation::Auto.resolve("ncnn", "vulkan:H200,vulkan:H200"), Placement::Thread);
-        assert_eq!(Isolation::Auto.resolve("ncnn", "cpu"), Placement::Process);
-        assert_eq!(Isolation::Auto.resolve("onnxruntime", "cpu"), Placement::Process);
-        assert_eq!(Isolation::Auto.resolve("openvino", "CPU,GPU"), Placement::Process);
-        assert_eq!(Isolation::Process.resolve("ncnn", "vulkan:H200"), Placement::Process);
-        assert_eq!(Isolation::Thread.resolve("onnxruntime", "cpu"), Placement::Thread);
+        let on = |names: &[&str]| Devices::new(names.iter().copied()).unwrap();
+        assert_eq!(Isolation::Auto.resolve("ncnn", &on(&["vulkan:H200"])), Placement::Thread);
+        assert_eq!(Isolation::Auto.resolve("ncnn", &on(&["vulkan:H200", "vulkan:H200"])), Placement::Thread);
+        assert_eq!(Isolation::Auto.resolve("ncnn", &on(&["cpu"])), Placement::Process);
+        assert_eq!(Isolation::Auto.resolve("onnxruntime", &on(&["cpu"])), Placement::Process);
+        assert_eq!(Isolation::Auto.resolve("openvino", &on(&["CPU", "GPU"])), Placement::Process);
+        assert_eq!(Isolation::Process.resolve("ncnn", &on(&["vulkan:H200"])), Placement::Process);
+        assert_eq!(Isolation::Thread.resolve("onnxruntime", &on(&["cpu"])), Placement::Thread);
     }
 }
 

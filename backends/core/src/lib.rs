@@ -7,6 +7,9 @@
 //! the types that cross are serializable. Unloading is dropping it.
 
 pub mod compile_cache;
+pub mod devices;
+
+pub use devices::{DeviceName, Devices, InvalidDevice};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -100,8 +103,10 @@ pub struct EngineSpec {
     pub model_path: PathBuf,
     /// The runtime library to open, for engines that open theirs at run time.
     pub runtime_library: Option<PathBuf>,
-    /// Device as configured ("cpu", "gpu:NAME", ...); each engine parses its own.
-    pub device: String,
+    /// The one device this engine loads on, one of the model entry's
+    /// `Devices` ("cpu", "cuda:NAME", "GPU", ...): eeane starts an engine per
+    /// listed device. Each engine reads its own forms.
+    pub device: DeviceName,
     /// Compute threads; 0 lets the runtime choose.
     pub threads: usize,
     /// Name of the output to read; `None` takes the graph's first output.
@@ -363,25 +368,26 @@ pub trait Backend: Sync {
         &[]
     }
 
-    /// The build a model on `device` (one name, or a comma-separated list) opens instead of `default_runtime`.
-    fn device_runtime(&self, device: &str) -> Option<&'static DeviceRuntime> {
-        self.device_runtimes().iter().find(|r| device.split(',').any(|d| d.trim().starts_with(r.device_prefix)))
+    /// The build a model on `devices` opens instead of `default_runtime`:
+    /// the first whose prefix one of them starts with.
+    fn device_runtime(&self, devices: &Devices) -> Option<&'static DeviceRuntime> {
+        self.device_runtimes().iter().find(|r| devices.any_starts_with(r.device_prefix))
     }
 
-    /// What this machine lacks for a model on `device` (a driver, a device
+    /// What this machine lacks for a model on `devices` (a driver, a device
     /// library, the device itself), found without loading anything heavy;
     /// `None` when nothing is known to be missing. `eeane check-config` fails
     /// on it, and the model's load fails with the same words.
-    fn device_problem(&self, device: &str, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
-        let _ = (device, library, forbidden);
+    fn device_problem(&self, devices: &Devices, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
+        let _ = (devices, library, forbidden);
         None
     }
 
-    /// The memory of the device a model on `device` uses (the first of a
+    /// The memory of the device a model on `devices` uses (the first of the
     /// list), read without loading anything: a GPU's VRAM from its driver.
     /// `None` for a device whose memory is the host's, or that cannot be read.
-    fn device_memory(&self, device: &str) -> Option<DeviceMemory> {
-        let _ = device;
+    fn device_memory(&self, devices: &Devices) -> Option<DeviceMemory> {
+        let _ = devices;
         None
     }
 
@@ -410,9 +416,9 @@ pub trait Backend: Sync {
         false
     }
 
-    /// Where a model runs when its entry and the server leave it to the engine.
-    fn default_isolation(&self, device: &str) -> Isolation {
-        let _ = device;
+    /// Where a model on `devices` runs when its entry and the server leave it to the engine.
+    fn default_isolation(&self, devices: &Devices) -> Isolation {
+        let _ = devices;
         Isolation::Process
     }
 

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use eeane_backend_core::{
-    Backend, Device, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Isolation, Options, PathResolver, TokenBatch,
-    VisibleDevices,
+    Backend, Device, DeviceName, Devices, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, InputShapes, InvalidOptions, Isolation, Options,
+    PathResolver, TokenBatch, VisibleDevices,
 };
 
 type GpuCount = unsafe extern "C" fn() -> c_int;
@@ -178,8 +178,8 @@ impl Backend for Ncnn {
     /// in separate processes each create their own Vulkan instance and device,
     /// and the GPU time-slices between processes instead of running their work
     /// side by side (docs/engines/ncnn.md has the measurement); elsewhere, a process.
-    fn default_isolation(&self, device: &str) -> Isolation {
-        if device.split(',').any(|d| d.trim().starts_with("vulkan")) {
+    fn default_isolation(&self, devices: &Devices) -> Isolation {
+        if devices.any_starts_with("vulkan") {
             Isolation::Thread
         } else {
             Isolation::Process
@@ -241,11 +241,11 @@ fn vulkan_devices(path: &Path) -> Result<Vec<(String, &'static str)>, EngineErro
 /// `"cpu"` is the CPU; `"vulkan:<name or unique substring>"` a Vulkan device,
 /// never an index (indices move when cards are added; the desktop's card must
 /// not be taken by accident). `forbidden` names are refused whatever the model asks.
-fn resolve_device(path: &Path, device: &str, forbidden: &[String]) -> Result<Option<(i32, String)>, EngineError> {
-    if device.eq_ignore_ascii_case("cpu") {
+fn resolve_device(path: &Path, device: &DeviceName, forbidden: &[String]) -> Result<Option<(i32, String)>, EngineError> {
+    if device.is_cpu() {
         return Ok(None);
     }
-    let Some(wanted) = device.strip_prefix("vulkan:") else {
+    let Some(wanted) = device.as_str().strip_prefix("vulkan:") else {
         return Err(EngineError::Device(format!("device {device:?}: use \"cpu\" or \"vulkan:<device name>\"")));
     };
     let visible = vulkan_devices(path)?;

@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use eeane_backend_core::EngineError;
+use eeane_backend_core::{DeviceName, Devices, EngineError};
 
 /// The `[runtimes]` key of the CUDA build, and where `INSTALL` puts it.
 pub const RUNTIME_KEY: &str = "onnxruntime-cuda";
@@ -37,9 +37,12 @@ const CUDNN_LIBRARIES: &[&str] = &[
     "libcudnn_engines_runtime_compiled.so.9",
 ];
 
-/// A model entry's device names CUDA (`cuda:<name>`, or a list of them).
-pub fn is_cuda(device: &str) -> bool {
-    device.split(',').any(|d| d.trim().starts_with("cuda:"))
+/// How a device names a CUDA GPU: `cuda:<GPU name>`.
+pub const PREFIX: &str = "cuda:";
+
+/// The device names a CUDA GPU.
+pub fn is_cuda(device: &DeviceName) -> bool {
+    device.as_str().starts_with(PREFIX)
 }
 
 /// A GPU as NVML sees it.
@@ -156,8 +159,8 @@ pub fn gpus() -> Result<Vec<Gpu>, EngineError> {
 }
 
 /// The GPU that `cuda:<name>` pins, by a unique substring of its name.
-pub fn pick(device: &str, forbidden: &[String]) -> Result<Gpu, EngineError> {
-    let wanted = device.trim().strip_prefix("cuda:").ok_or_else(|| EngineError::Device(format!("device {device:?}: use \"cpu\" or \"cuda:<GPU name>\"")))?;
+pub fn pick(device: &DeviceName, forbidden: &[String]) -> Result<Gpu, EngineError> {
+    let wanted = device.as_str().strip_prefix(PREFIX).ok_or_else(|| EngineError::Device(format!("device {device:?}: use \"cpu\" or \"cuda:<GPU name>\"")))?;
     eeane_backend_core::refuse_index("CUDA", wanted)?;
     let gpus = gpus()?;
     let names: Vec<String> = gpus.iter().map(|g| g.name.clone()).collect();
@@ -196,10 +199,10 @@ fn locate(name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
     Some(PathBuf::from(name))
 }
 
-/// What this machine lacks for `device` with the CUDA runtime at `runtime`,
-/// checked without starting CUDA: the driver (libcuda.so.1, NVML), the named
+/// What this machine lacks for `devices` with the CUDA runtime at `runtime`,
+/// checked without starting CUDA: the driver (libcuda.so.1, NVML), each named
 /// GPU, the provider library, and the CUDA and cuDNN libraries.
-pub fn problem(device: &str, runtime: Option<&Path>, forbidden: &[String]) -> Option<String> {
+pub fn problem(devices: &Devices, runtime: Option<&Path>, forbidden: &[String]) -> Option<String> {
     let mut missing = Vec::new();
     // SAFETY: as in `locate`.
     let driver = unsafe {
@@ -213,8 +216,8 @@ pub fn problem(device: &str, runtime: Option<&Path>, forbidden: &[String]) -> Op
     if !driver {
         missing.push("the NVIDIA driver (libcuda.so.1 is not on the loader path)".to_string());
     }
-    for part in device.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-        if let Err(e) = pick(part, forbidden) {
+    for device in devices {
+        if let Err(e) = pick(device, forbidden) {
             let text = match e {
                 EngineError::Device(m) => m,
                 other => other.to_string(),
@@ -247,7 +250,7 @@ pub fn problem(device: &str, runtime: Option<&Path>, forbidden: &[String]) -> Op
             }
         }
     }
-    (!missing.is_empty()).then(|| format!("CUDA device {device:?} cannot be used on this machine; missing: {}", missing.join("; ")))
+    (!missing.is_empty()).then(|| format!("CUDA device {devices:?} cannot be used on this machine; missing: {}", missing.join("; ")))
 }
 
 /// Loads the CUDA and cuDNN libraries globally, from the wheels beside the

@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use eeane_backend_core::{
-    compile_cache, Backend, CpuFeatures, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, InputShapes, InvalidOptions, Options,
-    PathResolver, PrecisionOffer, TokenBatch,
+    compile_cache, Backend, CpuFeatures, DeviceName, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, InputShapes, InvalidOptions,
+    Options, PathResolver, PrecisionOffer, TokenBatch,
 };
 use openvino::{Core, DeviceType, Dimension, ElementType, InferRequest, PartialShape, RwPropertyKey, Shape, Tensor};
 
@@ -126,27 +126,22 @@ fn open(path: &Path) -> Result<String, EngineError> {
         .clone()
 }
 
-/// The devices asked for ("CPU", "GPU", "NPU", "GPU.1", comma-separated in
-/// order of preference) that this machine has, and those it lacks.
-fn pick_devices(core: &Core, asked: &str) -> Result<(Vec<String>, Vec<String>), EngineError> {
+/// OpenVINO's name of the device asked for ("CPU", "GPU", "NPU", "GPU.1"),
+/// when this machine has it. A model entry's list in order of preference is
+/// eeane's: it starts one engine per device, skipping those that are missing.
+fn pick_device(core: &Core, asked: &DeviceName) -> Result<String, EngineError> {
     let available: Vec<String> = core
         .available_devices()
         .map_err(|e| EngineError::Device(format!("cannot list OpenVINO devices: {e}")))?
         .iter()
         .map(|d| d.as_ref().to_string())
         .collect();
-    let (mut present, mut missing) = (Vec::new(), Vec::new());
-    for want in asked.split(',').map(|d| d.trim().to_uppercase()).filter(|d| !d.is_empty()) {
-        // "GPU" matches "GPU" or the first "GPU.n".
-        match available.iter().find(|a| **a == want || a.split('.').next() == Some(want.as_str())) {
-            Some(found) => present.push(found.clone()),
-            None => missing.push(want),
-        }
+    let want = asked.as_str().to_uppercase();
+    // "GPU" matches "GPU" or the first "GPU.n".
+    match available.iter().find(|a| **a == want || a.split('.').next() == Some(want.as_str())) {
+        Some(found) => Ok(found.clone()),
+        None => Err(EngineError::Device(format!("none of the devices asked for ({asked}) is present; this machine has: {}", available.join(", ")))),
     }
-    if present.is_empty() {
-        return Err(EngineError::Device(format!("none of the devices asked for ({asked}) is present; this machine has: {}", available.join(", "))));
-    }
-    Ok((present, missing))
 }
 
 struct Compiled {
@@ -175,8 +170,7 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let library = spec.runtime_library.as_deref().ok_or_else(no_library)?;
     let version = open(library)?;
     let mut core = Core::new().map_err(|e| EngineError::Runtime(format!("OpenVINO core: {e}")))?;
-    let (present, missing) = pick_devices(&core, &spec.device)?;
-    let device = present[0].clone();
+    let device = pick_device(&core, &spec.device)?;
     let device_type = DeviceType::Other(device.clone().into());
 
     let (precision, hint) = match options.precision {
@@ -282,13 +276,9 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     drop(compile_cache);
     compiled.sort_by_key(|c| (c.seq, c.batch));
 
-    let mut shown = device.clone();
-    if !missing.is_empty() {
-        shown.push_str(&format!(" (missing: {})", missing.join(", ")));
-    }
     let info = EngineInfo {
         engine: "openvino".into(),
-        device: shown,
+        device: device.clone(),
         precision: precision.into(),
         shapes: InputShapes::Dynamic,
         takes_token_type_ids: inputs.iter().any(|n| n == "token_type_ids"),
