@@ -256,7 +256,7 @@ fn file_name(path: &Path) -> String {
 
 /// The entry as it would be written to serve `candidate`: its engine, graph
 /// and precision keys, checked by the engine as a written entry's are, and a
-/// length ladder for an engine that compiles static shapes.
+/// length ladder for an engine that compiles per bucket.
 pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candidate) -> Result<ModelConfig, EngineError> {
     let engine = crate::engines::find(candidate.engine).ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not in this build", candidate.engine)))?;
     let mut keys = config.engine_options.clone();
@@ -278,7 +278,7 @@ pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candida
     }
     // A Hub model's files were fetched before any variant was looked for.
     variant.source = None;
-    if engine.compiles_static_shapes() && variant.buckets.is_empty() {
+    if engine.compiles_per_bucket() && variant.buckets.is_empty() {
         variant.buckets = crate::config::length_ladder(variant.max_tokens);
     }
     Ok(variant)

@@ -68,7 +68,7 @@ pub enum EngineOutput {
 pub enum InputShapes {
     /// Any batch and sequence length (ONNX Runtime with dynamic axes).
     Dynamic,
-    /// Only these `(batch, seq)` shapes, compiled ahead (OpenVINO static shapes, Core ML).
+    /// Only these `(batch, seq)` shapes, compiled ahead (Core ML's static shapes).
     Fixed(Vec<(usize, usize)>),
     /// Any batch; the engine runs each row at its natural length, never padded
     /// (ncnn, which packs rows side by side), so padding costs nothing.
@@ -122,7 +122,8 @@ pub struct EngineSpec {
     #[serde(default)]
     pub compile_cache_limit: Option<u64>,
     /// The model's length buckets as `(batch, seq)`, ascending: engines that
-    /// compile static shapes compile these; dynamic engines ignore them.
+    /// compile per bucket compile these (OpenVINO one model each, its shapes
+    /// bounded by the bucket's rows and tokens); dynamic engines ignore them.
     pub shapes: Vec<(usize, usize)>,
     /// The server keeps this engine's thread to its own share of the CPUs,
     /// inside a process that other engines share (`isolation = "thread"`).
@@ -410,9 +411,10 @@ pub trait Backend: Sync {
         Vec::new()
     }
 
-    /// Whether it runs only shapes compiled ahead (one per length bucket),
-    /// so that a model without buckets needs a length ladder.
-    fn compiles_static_shapes(&self) -> bool {
+    /// Whether it compiles the model once per length bucket, with shapes
+    /// bounded by the bucket's rows and tokens (OpenVINO), so that a model
+    /// without buckets is given a length ladder of them.
+    fn compiles_per_bucket(&self) -> bool {
         false
     }
 

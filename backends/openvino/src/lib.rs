@@ -97,7 +97,7 @@ impl Backend for OpenVino {
         }
     }
 
-    fn compiles_static_shapes(&self) -> bool {
+    fn compiles_per_bucket(&self) -> bool {
         true
     }
 }
@@ -163,8 +163,9 @@ fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> EngineError {
     move |e| EngineError::Model(format!("{what}: {e}"))
 }
 
-/// Loads the model and compiles one static shape per entry of `spec.shapes`,
-/// through OpenVINO's compile cache in `spec.compile_cache`.
+/// Loads the model and compiles it once per entry of `spec.shapes`, with
+/// bounded dynamic shapes (rows and tokens up to the entry's), through
+/// OpenVINO's compile cache in `spec.compile_cache`.
 fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let options: OpenVinoOptions = spec.options.typed()?;
     let library = spec.runtime_library.as_deref().ok_or_else(no_library)?;
@@ -241,7 +242,7 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         None => model.get_output_by_index(0).and_then(|n| n.get_name()).map_err(err("output name"))?,
     };
     if spec.shapes.is_empty() {
-        return Err(EngineError::Model("OpenVINO compiles static shapes: the model needs at least one bucket".into()));
+        return Err(EngineError::Model("OpenVINO compiles bounded shapes per bucket: the model needs at least one bucket".into()));
     }
 
     let started = Instant::now();
