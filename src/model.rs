@@ -172,7 +172,8 @@ impl LoadedModel {
         let spec = EngineSpec {
             model_path: config.model.path(),
             runtime_library: server.runtimes.library(&config.engine, &config.device),
-            device: config.device.clone(),
+            // Set per engine by the batcher, one of `config.device` each.
+            device: config.device.first().clone(),
             threads: config.threads,
             output: config.output.clone(),
             options: Options(serde_json::Value::Object(config.engine_options.clone())),
@@ -187,7 +188,7 @@ impl LoadedModel {
         // A reranker's output is a score: never normalized.
         let normalize = config.normalize && config.kind == crate::config::ModelKind::Embedding;
         let pipeline = Pipeline { pooling: config.pooling, normalize, policy, pad_id: tokenizer.pad_id() };
-        let worker = EngineWorker::start(&config.id, launch, spec, pipeline).await?;
+        let worker = EngineWorker::start(&config.id, launch, config.device.clone(), spec, pipeline).await?;
         let tokenizer = Arc::new(tokenizer);
         let warm = match config.kind {
             crate::config::ModelKind::Embedding => vec![tokenizer.encode_truncated("eeane")?],

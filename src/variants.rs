@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use eeane_backend_core::{Backend, CpuFeatures, EngineError, GraphKind};
+use eeane_backend_core::{Backend, CpuFeatures, Devices, EngineError, GraphKind};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{AutoPrecision, Config, ModelConfig};
@@ -254,7 +254,7 @@ fn file_name(path: &Path) -> String {
 
 /// The entry as it would be written to serve `candidate`: its engine, graph
 /// and precision keys, checked by the engine as a written entry's are, and a
-/// length ladder for an engine that compiles static shapes.
+/// length ladder for an engine that compiles per bucket.
 pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candidate) -> Result<ModelConfig, EngineError> {
     let engine = crate::engines::find(candidate.engine).ok_or_else(|| EngineError::Runtime(format!("engine {:?} is not in this build", candidate.engine)))?;
     // The candidate's keys select its precision over the entry's own
@@ -273,11 +273,11 @@ pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candida
     };
     variant.auto_precision = None;
     if candidate.engines > 1 {
-        variant.device = vec![config.device.as_str(); candidate.engines].join(",");
+        variant.device = config.device.repeated(candidate.engines);
     }
     // A Hub model's files were fetched before any variant was looked for.
     variant.source = None;
-    if engine.compiles_static_shapes() && variant.buckets.is_empty() {
+    if engine.compiles_per_bucket() && variant.buckets.is_empty() {
         variant.buckets = crate::config::length_ladder(variant.max_tokens);
     }
     Ok(variant)
@@ -291,7 +291,7 @@ fn settings(config: &ModelConfig, server: &Config) -> String {
     // A runtime installed since (or removed) changes which variants can load.
     let runtimes: Vec<String> = crate::engines::ENGINES
         .iter()
-        .filter_map(|e| server.runtimes.library(e.name(), "cpu").map(|p| format!("{} {}", e.name(), if p.is_file() { "present" } else { "absent" })))
+        .filter_map(|e| server.runtimes.library(e.name(), &Devices::cpu()).map(|p| format!("{} {}", e.name(), if p.is_file() { "present" } else { "absent" })))
         .collect();
     format!(
         "threads {}, engine layouts [{}], max_batch {}, max_batch_tokens {}, max_tokens {}, buckets [{}], engine keys {}, runtimes [{}]",
@@ -619,7 +619,7 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
 /// or devices (an explicit layout wins), else `engine_layouts` of this
 /// machine's physical cores.
 fn layouts(config: &ModelConfig) -> Vec<usize> {
-    if config.threads > 0 || config.device.contains(',') {
+    if config.threads > 0 || config.device.len() > 1 {
         return Vec::new();
     }
     engine_layouts(crate::cpu_sets::cores().len())

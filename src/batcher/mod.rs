@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use eeane_backend_core::{Backend, Engine, EngineError, EngineInfo, EngineSpec, InputShapes, TokenBatch};
+use eeane_backend_core::{Backend, Devices, Engine, EngineError, EngineInfo, EngineSpec, InputShapes, TokenBatch};
 use tokio::sync::oneshot;
 
 pub use plan::{BatchPolicy, Bucket, FillWait, Order, Planned, Pool};
@@ -279,11 +279,12 @@ fn start_device(
 }
 
 impl EngineWorker {
-    /// Loads the engine on every device of `spec.device` (comma-separated, in
-    /// order of preference), each on a thread of its own, and waits until they
-    /// are ready. A device that fails with a device error is skipped and shown
-    /// in the info's device; the model fails only when no device loads.
-    pub async fn start(name: &str, launch: Launch, spec: EngineSpec, pipeline: Pipeline) -> Result<Self, EngineError> {
+    /// Loads the engine on every one of `asked` (in order of preference),
+    /// each on a thread of its own with `spec` for that device, and waits
+    /// until they are ready. A device that fails with a device error is
+    /// skipped and shown in the info's device; the model fails only when no
+    /// device loads.
+    pub async fn start(name: &str, launch: Launch, asked: Devices, spec: EngineSpec, pipeline: Pipeline) -> Result<Self, EngineError> {
         let (events, inbox) = mpsc::channel::<Event>();
         let (ready_tx, ready_rx) = oneshot::channel();
         let stats = Arc::new(WorkerStats::default());
@@ -291,18 +292,15 @@ impl EngineWorker {
         std::thread::Builder::new()
             .name(format!("batcher-{name}"))
             .spawn(move || {
-                let asked: Vec<String> = spec.device.split(',').map(|d| d.trim().to_string()).filter(|d| !d.is_empty()).collect();
-                let asked = if asked.is_empty() { vec![spec.device.clone()] } else { asked };
                 let (mut devices, mut skipped) = (Vec::new(), Vec::new());
-                let is_cpu = |d: &String| d.eq_ignore_ascii_case("cpu");
-                let cpu_engines = asked.iter().filter(|d| is_cpu(d)).count();
+                let cpu_engines = asked.iter().filter(|d| d.is_cpu()).count();
                 // Several CPU engines split the cores; one engine in a process kept to
                 // some of the machine's CPUs gets them all, so that its thread count
                 // follows the mask rather than the machine.
                 let share = cpu_engines > 1 || (cpu_engines == 1 && crate::cpu_sets::restricted());
                 let mut cpu_sets = if share { crate::cpu_sets::split(&crate::cpu_sets::cores(), cpu_engines) } else { Vec::new() }.into_iter();
                 for device in &asked {
-                    let cpus = if is_cpu(device) { cpu_sets.next() } else { None };
+                    let cpus = if device.is_cpu() { cpu_sets.next() } else { None };
                     // A share of the cores computes on as many threads as it has cores, unless the entry says.
                     let threads = match &cpus {
                         Some(set) if spec.threads == 0 => set.cores,
@@ -312,8 +310,8 @@ impl EngineWorker {
                     match start_device(&name, devices.len(), launch.clone(), spec, cpus, pipeline.clone(), thread_events.clone(), thread_stats.clone()) {
                         Ok(d) => devices.push(d),
                         Err(EngineError::Device(why)) if asked.len() > 1 => {
-                            tracing::warn!(model = %name, device, "device skipped: {why}");
-                            skipped.push(device.clone());
+                            tracing::warn!(model = %name, device = %device, "device skipped: {why}");
+                            skipped.push(device.to_string());
                         }
                         Err(e) => {
                             let _ = ready_tx.send(Err(e));
@@ -322,7 +320,7 @@ impl EngineWorker {
                     }
                 }
                 if devices.is_empty() {
-                    let _ = ready_tx.send(Err(EngineError::Device(format!("none of the devices {} could be used", asked.join(", ")))));
+                    let _ = ready_tx.send(Err(EngineError::Device(format!("none of the devices {asked} could be used"))));
                     return;
                 }
                 drop(thread_events);
@@ -608,7 +606,7 @@ mod tests {
         if spec.device == "missing" {
             return Err(EngineError::Device("no such device".into()));
         }
-        let info = EngineInfo { device: spec.device.clone(), ..echo(spec)?.info().clone() };
+        let info = EngineInfo { device: spec.device.to_string(), ..echo(spec)?.info().clone() };
         Ok(Box::new(SlowEcho(EchoEngine(info))))
     }
 
@@ -627,8 +625,8 @@ mod tests {
     #[tokio::test]
     async fn several_devices_pull_from_one_pool() {
         let pipeline = two_per_batch();
-        let spec = EngineSpec { device: "a,missing,b".into(), ..EngineSpec::default() };
-        let worker = EngineWorker::start("echo", Launch::Thread(&SLOW_ECHO), spec, pipeline).await.unwrap();
+        let asked = Devices::new(["a", "missing", "b"]).unwrap();
+        let worker = EngineWorker::start("echo", Launch::Thread(&SLOW_ECHO), asked, EngineSpec::default(), pipeline).await.unwrap();
         assert_eq!(worker.info().device, "a + b (missing: missing)");
         let seqs: Vec<Encoded> = (1..=40).map(|i| Encoded { ids: vec![i; 1 + i as usize % 5], type_ids: vec![0; 1 + i as usize % 5] }).collect();
         let got = worker.embed(seqs, None).await.unwrap();
@@ -641,7 +639,7 @@ mod tests {
     #[tokio::test]
     async fn vectors_come_back_in_input_order_across_batches() {
         let pipeline = two_per_batch();
-        let worker = EngineWorker::start("echo", Launch::Thread(&ECHO), EngineSpec::default(), pipeline).await.unwrap();
+        let worker = EngineWorker::start("echo", Launch::Thread(&ECHO), Devices::cpu(), EngineSpec::default(), pipeline).await.unwrap();
         let seqs: Vec<Encoded> =
             [vec![4, 4, 4, 4], vec![2], vec![6, 8], vec![10, 10, 10]].into_iter().map(|ids| Encoded { type_ids: vec![0; ids.len()], ids }).collect();
         let got = worker.embed(seqs, None).await.unwrap();

@@ -26,7 +26,8 @@ pub struct BatchPolicy {
     /// Dispatch length is the batch's longest sequence rounded up to this
     /// (0: the worker fills in the engine's preference).
     pub pad_to_multiple_of: usize,
-    /// Pad every batch to its bucket's `max_tokens` (engines with static shapes).
+    /// Pad every batch to its bucket's `max_tokens` (engines of fixed shapes,
+    /// `InputShapes::Fixed`: Core ML's static ones).
     pub pad_to_bucket: bool,
     pub order: Order,
 }

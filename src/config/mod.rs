@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use eeane_backend_core::Devices;
 pub use eeane_backend_core::Isolation as Placement;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
@@ -143,7 +144,7 @@ pub enum Isolation {
 
 impl Isolation {
     /// Where a model of `engine` on `device` runs: `auto` is the engine's choice.
-    pub fn resolve(self, engine: &str, device: &str) -> Placement {
+    pub fn resolve(self, engine: &str, device: &Devices) -> Placement {
         match self {
             Isolation::Auto => crate::engines::find(engine).map_or(Placement::Process, |e| e.default_isolation(device)),
             Isolation::Process => Placement::Process,
@@ -176,7 +177,7 @@ pub struct RuntimesConfig(BTreeMap<String, ConfigPath>);
 impl RuntimesConfig {
     /// The runtime library an engine opens for a model on `device`; `None`
     /// for one that opens none.
-    pub fn library(&self, engine: &str, device: &str) -> Option<PathBuf> {
+    pub fn library(&self, engine: &str, device: &Devices) -> Option<PathBuf> {
         let key = crate::engines::find(engine).and_then(|e| e.device_runtime(device)).map_or(engine, |r| r.key);
         self.0.get(key).map(ConfigPath::path)
     }
@@ -252,25 +253,8 @@ fn default_stride() -> usize {
     96
 }
 
-/// A device name or a list of them, kept as one comma-separated string.
-fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
-    }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::One(s) => s,
-        OneOrMany::Many(v) => v.join(","),
-    })
-}
-
 fn yes() -> bool {
     true
-}
-fn cpu() -> String {
-    "cpu".into()
 }
 fn default_max_batch() -> usize {
     32
@@ -393,8 +377,8 @@ pub struct ModelConfig {
     pub stride: usize,
     /// Device, or devices in order of preference: "cpu" for onnxruntime;
     /// "CPU", "GPU", "NPU" or a list of them for openvino.
-    #[serde(default = "cpu", deserialize_with = "one_or_many")]
-    pub device: String,
+    #[serde(default)]
+    pub device: Devices,
     /// Engine compute threads; 0 lets the runtime choose.
     #[serde(default)]
     pub threads: usize,
@@ -663,6 +647,23 @@ pub fn cache_dir_from_env() -> PathBuf {
         return PathBuf::from(dir);
     }
     std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("eeane")
+}
+
+#[cfg(test)]
+mod isolation_tests {
+    use super::{Devices, Isolation, Placement};
+
+    #[test]
+    fn auto_isolation_is_each_engines_choice() {
+        let on = |names: &[&str]| Devices::new(names.iter().copied()).unwrap();
+        for engine in crate::engines::ENGINES {
+            for devices in [on(&["cpu"]), on(&["vulkan:H200", "vulkan:H200"]), on(&["CPU", "GPU"])] {
+                assert_eq!(Isolation::Auto.resolve(engine.name(), &devices), engine.default_isolation(&devices), "{} on {devices}", engine.name());
+                assert_eq!(Isolation::Process.resolve(engine.name(), &devices), Placement::Process);
+                assert_eq!(Isolation::Thread.resolve(engine.name(), &devices), Placement::Thread);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

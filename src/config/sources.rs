@@ -66,13 +66,14 @@ impl Config {
                             m.default_prompt_name = Some(default.value.clone());
                         }
                     }
-                    // OpenVINO compiles one static shape per bucket: without
-                    // buckets every batch would be padded to max_tokens.
-                    if crate::engines::find(&m.engine).is_some_and(|e| e.compiles_static_shapes()) && !set("buckets") {
+                    // OpenVINO compiles one model per bucket, its shapes bounded
+                    // by the bucket's rows and tokens: an entry without buckets
+                    // gets a length ladder.
+                    if crate::engines::find(&m.engine).is_some_and(|e| e.compiles_per_bucket()) && !set("buckets") {
                         m.buckets = length_ladder(m.max_tokens);
                         let shown: Vec<String> =
                             m.buckets.iter().map(|b| format!("{{ max_tokens = {}, max_batch = {} }}", b.max_tokens, b.max_batch)).collect();
-                        m.inferred.push((format!("buckets = [{}]", shown.join(", ")), "a length ladder, as OpenVINO compiles one shape per bucket".into()));
+                        m.inferred.push((format!("buckets = [{}]", shown.join(", ")), "a length ladder: OpenVINO compiles bounded shapes per bucket".into()));
                     }
                     m.inferred.push((format!("commit = {:?}", resolved.commit), "the Hub (or the HF cache's refs)".into()));
                 }

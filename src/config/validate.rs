@@ -140,7 +140,7 @@ impl Config {
                 if m.kind == ModelKind::Reranker {
                     return invalid(key("precision"), "\"auto\" compares vectors; a reranker's entry names its precision".into());
                 }
-                if !m.device.eq_ignore_ascii_case("cpu") {
+                if !m.device.single().is_some_and(|d| d.is_cpu()) {
                     return invalid(key("precision"), format!("\"auto\" measures the CPU's variants; name a precision for device {:?}", m.device));
                 }
             }

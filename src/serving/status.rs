@@ -173,7 +173,7 @@ impl ModelHealth {
             SlotState::Loaded(model) => Some(model),
             _ => None,
         };
-        let device = loaded_model.as_ref().map_or_else(|| slot.config.device.clone(), |m| m.engine_info().device.clone());
+        let device = loaded_model.as_ref().map_or_else(|| slot.config.device.to_string(), |m| m.engine_info().device.clone());
         ModelHealth {
             id: slot.config.id.clone(),
             kind: name_of(slot.config.kind),

@@ -7,6 +7,9 @@
 //! the types that cross are serializable. Unloading is dropping it.
 
 pub mod compile_cache;
+pub mod devices;
+
+pub use devices::{DeviceName, Devices, InvalidDevice};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -65,7 +68,7 @@ pub enum EngineOutput {
 pub enum InputShapes {
     /// Any batch and sequence length (ONNX Runtime with dynamic axes).
     Dynamic,
-    /// Only these `(batch, seq)` shapes, compiled ahead (OpenVINO static shapes, Core ML).
+    /// Only these `(batch, seq)` shapes, compiled ahead (Core ML's static shapes).
     Fixed(Vec<(usize, usize)>),
     /// Any batch; the engine runs each row at its natural length, never padded
     /// (ncnn, which packs rows side by side), so padding costs nothing.
@@ -100,8 +103,10 @@ pub struct EngineSpec {
     pub model_path: PathBuf,
     /// The runtime library to open, for engines that open theirs at run time.
     pub runtime_library: Option<PathBuf>,
-    /// Device as configured ("cpu", "gpu:NAME", ...); each engine parses its own.
-    pub device: String,
+    /// The one device this engine loads on, one of the model entry's
+    /// `Devices` ("cpu", "cuda:NAME", "GPU", ...): eeane starts an engine per
+    /// listed device. Each engine reads its own forms.
+    pub device: DeviceName,
     /// Compute threads; 0 lets the runtime choose.
     pub threads: usize,
     /// Name of the output to read; `None` takes the graph's first output.
@@ -117,7 +122,8 @@ pub struct EngineSpec {
     #[serde(default)]
     pub compile_cache_limit: Option<u64>,
     /// The model's length buckets as `(batch, seq)`, ascending: engines that
-    /// compile static shapes compile these; dynamic engines ignore them.
+    /// compile per bucket compile these (OpenVINO one model each, its shapes
+    /// bounded by the bucket's rows and tokens); dynamic engines ignore them.
     pub shapes: Vec<(usize, usize)>,
     /// The server keeps this engine's thread to its own share of the CPUs,
     /// inside a process that other engines share (`isolation = "thread"`).
@@ -426,25 +432,26 @@ pub trait Backend: Sync {
         &[]
     }
 
-    /// The build a model on `device` (one name, or a comma-separated list) opens instead of `default_runtime`.
-    fn device_runtime(&self, device: &str) -> Option<&'static DeviceRuntime> {
-        self.device_runtimes().iter().find(|r| device.split(',').any(|d| d.trim().starts_with(r.device_prefix)))
+    /// The build a model on `devices` opens instead of `default_runtime`:
+    /// the first whose prefix one of them starts with.
+    fn device_runtime(&self, devices: &Devices) -> Option<&'static DeviceRuntime> {
+        self.device_runtimes().iter().find(|r| devices.any_starts_with(r.device_prefix))
     }
 
-    /// What this machine lacks for a model on `device` (a driver, a device
+    /// What this machine lacks for a model on `devices` (a driver, a device
     /// library, the device itself), found without loading anything heavy;
     /// `None` when nothing is known to be missing. `eeane check-config` fails
     /// on it, and the model's load fails with the same words.
-    fn device_problem(&self, device: &str, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
-        let _ = (device, library, forbidden);
+    fn device_problem(&self, devices: &Devices, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
+        let _ = (devices, library, forbidden);
         None
     }
 
-    /// The memory of the device a model on `device` uses (the first of a
+    /// The memory of the device a model on `devices` uses (the first of the
     /// list), read without loading anything: a GPU's VRAM from its driver.
     /// `None` for a device whose memory is the host's, or that cannot be read.
-    fn device_memory(&self, device: &str) -> Option<DeviceMemory> {
-        let _ = device;
+    fn device_memory(&self, devices: &Devices) -> Option<DeviceMemory> {
+        let _ = devices;
         None
     }
 
@@ -467,15 +474,16 @@ pub trait Backend: Sync {
         Vec::new()
     }
 
-    /// Whether it runs only shapes compiled ahead (one per length bucket),
-    /// so that a model without buckets needs a length ladder.
-    fn compiles_static_shapes(&self) -> bool {
+    /// Whether it compiles the model once per length bucket, with shapes
+    /// bounded by the bucket's rows and tokens (OpenVINO), so that a model
+    /// without buckets is given a length ladder of them.
+    fn compiles_per_bucket(&self) -> bool {
         false
     }
 
-    /// Where a model runs when its entry and the server leave it to the engine.
-    fn default_isolation(&self, device: &str) -> Isolation {
-        let _ = device;
+    /// Where a model on `devices` runs when its entry and the server leave it to the engine.
+    fn default_isolation(&self, devices: &Devices) -> Isolation {
+        let _ = devices;
         Isolation::Process
     }
 

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use eeane_backend_core::{
-    Backend, Device, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, HubPreparation, InputShapes, InvalidOptions, Isolation, Options, PathResolver,
-    TokenBatch, VisibleDevices,
+    Backend, Device, DeviceName, Devices, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, HubPreparation, InputShapes, InvalidOptions, Isolation,
+    Options, PathResolver, TokenBatch, VisibleDevices,
 };
 
 type GpuCount = unsafe extern "C" fn() -> c_int;
@@ -42,7 +42,7 @@ struct Shim {
     _library: libloading::Library,
 }
 
-static SHIM: OnceLock<Result<Arc<Shim>, String>> = OnceLock::new();
+static SHIM: OnceLock<Result<Arc<Shim>, EngineError>> = OnceLock::new();
 /// Nets alive on a Vulkan device; when the last goes, the GPU instance goes too.
 static GPU_NETS: AtomicUsize = AtomicUsize::new(0);
 /// Held while the GPU instance may be created or destroyed (device listing,
@@ -93,16 +93,17 @@ fn release_gpu_if_unused(shim: &Shim) {
 }
 
 fn shim(path: &Path) -> Result<Arc<Shim>, EngineError> {
+    let fail = |message: String| EngineError::Runtime(message);
     SHIM.get_or_init(|| {
         if !path.exists() {
-            return Err(format!("ncnn shim {} not found (run models/build_ncnn.sh, or set runtimes.ncnn)", path.display()));
+            return Err(fail(format!("ncnn shim {} not found (run models/build_ncnn.sh, or set runtimes.ncnn)", path.display())));
         }
         // SAFETY: the shim is eeane's own library with the signatures above.
         unsafe {
-            let library = libloading::Library::new(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            let library = libloading::Library::new(path).map_err(|e| fail(format!("cannot open {}: {e}", path.display())))?;
             macro_rules! sym {
                 ($name:literal) => {
-                    *library.get($name).map_err(|e| format!("{}: {e}", path.display()))?
+                    *library.get($name).map_err(|e| fail(format!("{}: {e}", path.display())))?
                 };
             }
             Ok(Arc::new(Shim {
@@ -119,7 +120,6 @@ fn shim(path: &Path) -> Result<Arc<Shim>, EngineError> {
         }
     })
     .clone()
-    .map_err(EngineError::Runtime)
 }
 
 /// The ncnn engine, as eeane registers it.
@@ -196,8 +196,8 @@ impl Backend for Ncnn {
     /// in separate processes each create their own Vulkan instance and device,
     /// and the GPU time-slices between processes instead of running their work
     /// side by side (docs/engines/ncnn.md has the measurement); elsewhere, a process.
-    fn default_isolation(&self, device: &str) -> Isolation {
-        if device.split(',').any(|d| d.trim().starts_with("vulkan")) {
+    fn default_isolation(&self, devices: &Devices) -> Isolation {
+        if devices.any_starts_with("vulkan") {
             Isolation::Thread
         } else {
             Isolation::Process
@@ -259,11 +259,11 @@ fn vulkan_devices(path: &Path) -> Result<Vec<(String, &'static str)>, EngineErro
 /// `"cpu"` is the CPU; `"vulkan:<name or unique substring>"` a Vulkan device,
 /// never an index (indices move when cards are added; the desktop's card must
 /// not be taken by accident). `forbidden` names are refused whatever the model asks.
-fn resolve_device(path: &Path, device: &str, forbidden: &[String]) -> Result<Option<(i32, String)>, EngineError> {
-    if device.eq_ignore_ascii_case("cpu") {
+fn resolve_device(path: &Path, device: &DeviceName, forbidden: &[String]) -> Result<Option<(i32, String)>, EngineError> {
+    if device.is_cpu() {
         return Ok(None);
     }
-    let Some(wanted) = device.strip_prefix("vulkan:") else {
+    let Some(wanted) = device.as_str().strip_prefix("vulkan:") else {
         return Err(EngineError::Device(format!("device {device:?}: use \"cpu\" or \"vulkan:<device name>\"")));
     };
     let visible = vulkan_devices(path)?;
@@ -421,5 +421,18 @@ impl Drop for NcnnEngine {
         if self.on_gpu && GPU_NETS.fetch_sub(1, Ordering::SeqCst) == 1 {
             release_gpu_when_idle(self.shim.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vulkan_models_run_in_the_server_and_cpu_models_in_a_process() {
+        let on = |names: &[&str]| Devices::new(names.iter().copied()).unwrap();
+        assert_eq!(Ncnn.default_isolation(&on(&["vulkan:H200"])), Isolation::Thread);
+        assert_eq!(Ncnn.default_isolation(&on(&["vulkan:H200", "vulkan:H200"])), Isolation::Thread);
+        assert_eq!(Ncnn.default_isolation(&on(&["cpu"])), Isolation::Process);
     }
 }

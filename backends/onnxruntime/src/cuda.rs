@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use eeane_backend_core::EngineError;
+use eeane_backend_core::{DeviceName, Devices, EngineError};
 
 /// The `[runtimes]` key of the CUDA build, and where `INSTALL` puts it.
 pub const RUNTIME_KEY: &str = "onnxruntime-cuda";
@@ -37,9 +37,12 @@ const CUDNN_LIBRARIES: &[&str] = &[
     "libcudnn_engines_runtime_compiled.so.9",
 ];
 
-/// A model entry's device names CUDA (`cuda:<name>`, or a list of them).
-pub fn is_cuda(device: &str) -> bool {
-    device.split(',').any(|d| d.trim().starts_with("cuda:"))
+/// How a device names a CUDA GPU: `cuda:<GPU name>`.
+pub const PREFIX: &str = "cuda:";
+
+/// The device names a CUDA GPU.
+pub fn is_cuda(device: &DeviceName) -> bool {
+    device.as_str().starts_with(PREFIX)
 }
 
 /// A GPU as NVML sees it.
@@ -82,8 +85,8 @@ struct Nvml {
     memory: unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> NvmlReturn,
 }
 
-fn nvml() -> Result<&'static Nvml, String> {
-    static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
+fn nvml() -> Result<&'static Nvml, EngineError> {
+    static NVML: OnceLock<Result<Nvml, EngineError>> = OnceLock::new();
     NVML.get_or_init(open_nvml).as_ref().map_err(Clone::clone)
 }
 
@@ -91,21 +94,25 @@ fn nvml() -> Result<&'static Nvml, String> {
 ///
 /// # Safety
 /// `T` must be the symbol's true signature.
-unsafe fn function<T: Copy>(library: &libloading::Library, name: &[u8]) -> Result<T, String> {
-    library.get::<T>(name).map(|s| *s).map_err(|e| format!("NVML lacks {}: {e}", String::from_utf8_lossy(&name[..name.len() - 1])))
+unsafe fn function<T: Copy>(library: &libloading::Library, name: &[u8]) -> Result<T, EngineError> {
+    library.get::<T>(name).map(|s| *s).map_err(|e| EngineError::Device(format!("NVML lacks {}: {e}", String::from_utf8_lossy(&name[..name.len() - 1]))))
 }
 
-fn open_nvml() -> Result<Nvml, String> {
+/// NVML's failures are the GPU's: `EngineError::Device`, whose words
+/// `problem` lists as they are.
+fn open_nvml() -> Result<Nvml, EngineError> {
     // SAFETY: NVML's documented entry points with their C signatures; the
     // library stays loaded for the process's life.
     unsafe {
         let library = libloading::Library::new("libnvidia-ml.so.1").map_err(|e| {
-            format!("NVML (libnvidia-ml.so.1, part of the NVIDIA driver) cannot be opened: {e}; install the NVIDIA driver, or use device = \"cpu\"")
+            EngineError::Device(format!(
+                "NVML (libnvidia-ml.so.1, part of the NVIDIA driver) cannot be opened: {e}; install the NVIDIA driver, or use device = \"cpu\""
+            ))
         })?;
         let init: unsafe extern "C" fn() -> NvmlReturn = function(&library, b"nvmlInit_v2\0")?;
         let code = init();
         if code != 0 {
-            return Err(format!("NVML cannot start (nvmlInit_v2 returned {code}): the NVIDIA driver is not loaded or sees no GPU"));
+            return Err(EngineError::Device(format!("NVML cannot start (nvmlInit_v2 returned {code}): the NVIDIA driver is not loaded or sees no GPU")));
         }
         Ok(Nvml {
             count: function(&library, b"nvmlDeviceGetCount_v2\0")?,
@@ -119,14 +126,14 @@ fn open_nvml() -> Result<Nvml, String> {
 }
 
 /// The GPUs NVML lists, in its order.
-pub fn gpus() -> Result<Vec<Gpu>, String> {
+pub fn gpus() -> Result<Vec<Gpu>, EngineError> {
     let nvml = nvml()?;
     let mut count: c_uint = 0;
     // SAFETY: NVML calls with buffers of the sizes NVML documents.
     unsafe {
         let code = (nvml.count)(&mut count);
         if code != 0 {
-            return Err(format!("NVML cannot count the GPUs (error {code})"));
+            return Err(EngineError::Device(format!("NVML cannot count the GPUs (error {code})")));
         }
         let mut gpus = Vec::with_capacity(count as usize);
         for index in 0..count {
@@ -152,10 +159,10 @@ pub fn gpus() -> Result<Vec<Gpu>, String> {
 }
 
 /// The GPU that `cuda:<name>` pins, by a unique substring of its name.
-pub fn pick(device: &str, forbidden: &[String]) -> Result<Gpu, EngineError> {
-    let wanted = device.trim().strip_prefix("cuda:").ok_or_else(|| EngineError::Device(format!("device {device:?}: use \"cpu\" or \"cuda:<GPU name>\"")))?;
+pub fn pick(device: &DeviceName, forbidden: &[String]) -> Result<Gpu, EngineError> {
+    let wanted = device.as_str().strip_prefix(PREFIX).ok_or_else(|| EngineError::Device(format!("device {device:?}: use \"cpu\" or \"cuda:<GPU name>\"")))?;
     eeane_backend_core::refuse_index("CUDA", wanted)?;
-    let gpus = gpus().map_err(EngineError::Device)?;
+    let gpus = gpus()?;
     let names: Vec<String> = gpus.iter().map(|g| g.name.clone()).collect();
     let index = eeane_backend_core::pick_device_by_name("CUDA", wanted, &names, forbidden)?;
     Ok(gpus[index].clone())
@@ -192,10 +199,10 @@ fn locate(name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
     Some(PathBuf::from(name))
 }
 
-/// What this machine lacks for `device` with the CUDA runtime at `runtime`,
-/// checked without starting CUDA: the driver (libcuda.so.1, NVML), the named
+/// What this machine lacks for `devices` with the CUDA runtime at `runtime`,
+/// checked without starting CUDA: the driver (libcuda.so.1, NVML), each named
 /// GPU, the provider library, and the CUDA and cuDNN libraries.
-pub fn problem(device: &str, runtime: Option<&Path>, forbidden: &[String]) -> Option<String> {
+pub fn problem(devices: &Devices, runtime: Option<&Path>, forbidden: &[String]) -> Option<String> {
     let mut missing = Vec::new();
     // SAFETY: as in `locate`.
     let driver = unsafe {
@@ -209,8 +216,8 @@ pub fn problem(device: &str, runtime: Option<&Path>, forbidden: &[String]) -> Op
     if !driver {
         missing.push("the NVIDIA driver (libcuda.so.1 is not on the loader path)".to_string());
     }
-    for part in device.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-        if let Err(e) = pick(part, forbidden) {
+    for device in devices {
+        if let Err(e) = pick(device, forbidden) {
             let text = match e {
                 EngineError::Device(m) => m,
                 other => other.to_string(),
@@ -243,33 +250,32 @@ pub fn problem(device: &str, runtime: Option<&Path>, forbidden: &[String]) -> Op
             }
         }
     }
-    (!missing.is_empty()).then(|| format!("CUDA device {device:?} cannot be used on this machine; missing: {}", missing.join("; ")))
+    (!missing.is_empty()).then(|| format!("CUDA device {devices:?} cannot be used on this machine; missing: {}", missing.join("; ")))
 }
 
 /// Loads the CUDA and cuDNN libraries globally, from the wheels beside the
 /// runtime first, so that ONNX Runtime's CUDA provider finds them whatever
 /// LD_LIBRARY_PATH says. Once per process.
 pub fn preload(runtime: &Path) -> Result<(), EngineError> {
-    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+    static LOADED: OnceLock<Result<(), EngineError>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
             let dirs = library_dirs(runtime);
             for name in CUDA_LIBRARIES.iter().chain(CUDNN_LIBRARIES) {
-                let path = locate(name, &dirs).ok_or_else(|| format!("{name} not found"))?;
-                let text = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+                let path = locate(name, &dirs).ok_or_else(|| EngineError::Runtime(format!("{name} not found")))?;
+                let text = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| EngineError::Runtime(e.to_string()))?;
                 // SAFETY: loading a shared library; it stays loaded for the process's life.
                 let handle = unsafe { libc::dlopen(text.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
                 if handle.is_null() {
                     // SAFETY: dlerror returns the last error as a C string, or null.
                     let why = unsafe { libc::dlerror() };
                     let why = if why.is_null() { "unknown".into() } else { unsafe { CStr::from_ptr(why) }.to_string_lossy().into_owned() };
-                    return Err(format!("cannot load {}: {why}", path.display()));
+                    return Err(EngineError::Runtime(format!("cannot load {}: {why}", path.display())));
                 }
             }
             Ok(())
         })
         .clone()
-        .map_err(EngineError::Runtime)
 }
 
 /// CUDA's device ordinal for an NVML GPU, matched by PCI bus id through the

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use eeane_backend_core::{
-    Backend, CpuFeatures, DeviceMemory, DeviceRuntime, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, HubPreparation, InputShapes,
-    InvalidOptions, Options, PathResolver, PrecisionOffer, TokenBatch,
+    Backend, CpuFeatures, DeviceMemory, DeviceRuntime, Devices, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, HubPreparation,
+    InputShapes, InvalidOptions, Options, PathResolver, PrecisionOffer, TokenBatch,
 };
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
@@ -112,15 +112,15 @@ impl Backend for OnnxRuntime {
     }
 
     fn device_runtimes(&self) -> &'static [DeviceRuntime] {
-        &[DeviceRuntime { key: cuda::RUNTIME_KEY, default: cuda::DEFAULT_RUNTIME, device_prefix: "cuda:" }]
+        &[DeviceRuntime { key: cuda::RUNTIME_KEY, default: cuda::DEFAULT_RUNTIME, device_prefix: cuda::PREFIX }]
     }
 
-    fn device_problem(&self, device: &str, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
-        cuda::is_cuda(device).then(|| cuda::problem(device, library, forbidden)).flatten()
+    fn device_problem(&self, devices: &Devices, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
+        devices.any_starts_with(cuda::PREFIX).then(|| cuda::problem(devices, library, forbidden)).flatten()
     }
 
-    fn device_memory(&self, device: &str) -> Option<DeviceMemory> {
-        let first = device.split(',').next()?;
+    fn device_memory(&self, devices: &Devices) -> Option<DeviceMemory> {
+        let first = devices.first();
         let gpu = cuda::is_cuda(first).then(|| cuda::pick(first, &[]).ok()).flatten()?;
         Some(DeviceMemory { name: gpu.name, used_mib: gpu.memory_used >> 20, total_mib: gpu.memory_total >> 20 })
     }
@@ -178,10 +178,10 @@ const GPU_SEQ_STEP: usize = 32;
 fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let options: OnnxRuntimeOptions = spec.options.typed()?;
     let library = spec.runtime_library.as_deref().ok_or_else(no_library)?;
-    let gpu = match spec.device.trim() {
-        "cpu" => None,
+    let gpu = match &spec.device {
+        device if *device == "cpu" => None,
         device if cuda::is_cuda(device) => {
-            if let Some(problem) = cuda::problem(device, Some(library), &spec.forbidden_devices) {
+            if let Some(problem) = cuda::problem(&Devices::one(device.clone()), Some(library), &spec.forbidden_devices) {
                 return Err(EngineError::Device(problem));
             }
             cuda::preload(library)?;

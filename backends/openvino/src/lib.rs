@@ -10,12 +10,12 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use eeane_backend_core::{
-    compile_cache, Backend, CpuFeatures, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, HubPreparation, InputShapes, InvalidOptions,
-    Options, PathResolver, PrecisionOffer, TokenBatch,
+    compile_cache, Backend, CpuFeatures, DeviceName, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, HubPreparation, InputShapes,
+    InvalidOptions, Options, PathResolver, PrecisionOffer, TokenBatch,
 };
 use openvino::{Core, DeviceType, Dimension, ElementType, InferRequest, PartialShape, RwPropertyKey, Shape, Tensor};
 
-static RUNTIME: OnceLock<Result<String, String>> = OnceLock::new();
+static RUNTIME: OnceLock<Result<String, EngineError>> = OnceLock::new();
 
 /// The OpenVINO engine, as eeane registers it.
 pub struct OpenVino;
@@ -107,7 +107,7 @@ impl Backend for OpenVino {
         }
     }
 
-    fn compiles_static_shapes(&self) -> bool {
+    fn compiles_per_bucket(&self) -> bool {
         true
     }
 }
@@ -121,42 +121,37 @@ fn no_library() -> EngineError {
 fn open(path: &Path) -> Result<String, EngineError> {
     RUNTIME
         .get_or_init(|| {
+            let fail = |message: String| EngineError::Runtime(message);
             if !path.is_file() {
-                return Err(format!(
+                return Err(fail(format!(
                     "OpenVINO library {} not found (run models/setup.sh with EEANE_EXTRA_MODELS=openvino, or set runtimes.openvino)",
                     path.display()
-                ));
+                )));
             }
             // Through any symlink: the library finds its siblings by $ORIGIN, the real directory.
-            let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            openvino_sys::library::load_from(&real).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            let real = std::fs::canonicalize(path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+            openvino_sys::library::load_from(&real).map_err(|e| fail(format!("cannot open {}: {e}", path.display())))?;
             Ok(openvino::version().build_number)
         })
         .clone()
-        .map_err(EngineError::Runtime)
 }
 
-/// The devices asked for ("CPU", "GPU", "NPU", "GPU.1", comma-separated in
-/// order of preference) that this machine has, and those it lacks.
-fn pick_devices(core: &Core, asked: &str) -> Result<(Vec<String>, Vec<String>), EngineError> {
+/// OpenVINO's name of the device asked for ("CPU", "GPU", "NPU", "GPU.1"),
+/// when this machine has it. A model entry's list in order of preference is
+/// eeane's: it starts one engine per device, skipping those that are missing.
+fn pick_device(core: &Core, asked: &DeviceName) -> Result<String, EngineError> {
     let available: Vec<String> = core
         .available_devices()
         .map_err(|e| EngineError::Device(format!("cannot list OpenVINO devices: {e}")))?
         .iter()
         .map(|d| d.as_ref().to_string())
         .collect();
-    let (mut present, mut missing) = (Vec::new(), Vec::new());
-    for want in asked.split(',').map(|d| d.trim().to_uppercase()).filter(|d| !d.is_empty()) {
-        // "GPU" matches "GPU" or the first "GPU.n".
-        match available.iter().find(|a| **a == want || a.split('.').next() == Some(want.as_str())) {
-            Some(found) => present.push(found.clone()),
-            None => missing.push(want),
-        }
+    let want = asked.as_str().to_uppercase();
+    // "GPU" matches "GPU" or the first "GPU.n".
+    match available.iter().find(|a| **a == want || a.split('.').next() == Some(want.as_str())) {
+        Some(found) => Ok(found.clone()),
+        None => Err(EngineError::Device(format!("none of the devices asked for ({asked}) is present; this machine has: {}", available.join(", ")))),
     }
-    if present.is_empty() {
-        return Err(EngineError::Device(format!("none of the devices asked for ({asked}) is present; this machine has: {}", available.join(", "))));
-    }
-    Ok((present, missing))
 }
 
 struct Compiled {
@@ -178,15 +173,15 @@ fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> EngineError {
     move |e| EngineError::Model(format!("{what}: {e}"))
 }
 
-/// Loads the model and compiles one static shape per entry of `spec.shapes`,
-/// through OpenVINO's compile cache in `spec.compile_cache`.
+/// Loads the model and compiles it once per entry of `spec.shapes`, with
+/// bounded dynamic shapes (rows and tokens up to the entry's), through
+/// OpenVINO's compile cache in `spec.compile_cache`.
 fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let options: OpenVinoOptions = spec.options.typed()?;
     let library = spec.runtime_library.as_deref().ok_or_else(no_library)?;
     let version = open(library)?;
     let mut core = Core::new().map_err(|e| EngineError::Runtime(format!("OpenVINO core: {e}")))?;
-    let (present, missing) = pick_devices(&core, &spec.device)?;
-    let device = present[0].clone();
+    let device = pick_device(&core, &spec.device)?;
     let device_type = DeviceType::Other(device.clone().into());
 
     let (precision, hint) = match options.precision {
@@ -257,7 +252,7 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         None => model.get_output_by_index(0).and_then(|n| n.get_name()).map_err(err("output name"))?,
     };
     if spec.shapes.is_empty() {
-        return Err(EngineError::Model("OpenVINO compiles static shapes: the model needs at least one bucket".into()));
+        return Err(EngineError::Model("OpenVINO compiles bounded shapes per bucket: the model needs at least one bucket".into()));
     }
 
     let started = Instant::now();
@@ -292,13 +287,9 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     drop(compile_cache);
     compiled.sort_by_key(|c| (c.seq, c.batch));
 
-    let mut shown = device.clone();
-    if !missing.is_empty() {
-        shown.push_str(&format!(" (missing: {})", missing.join(", ")));
-    }
     let info = EngineInfo {
         engine: "openvino".into(),
-        device: shown,
+        device: device.clone(),
         precision: precision.into(),
         shapes: InputShapes::Dynamic,
         takes_token_type_ids: inputs.iter().any(|n| n == "token_type_ids"),
