@@ -182,17 +182,18 @@ struct Device {
     info: EngineInfo,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn start_device(
-    name: &str,
+/// One engine of a model to start: which of the model's devices it is, how
+/// it is launched, its spec and its share of the CPUs.
+struct EngineStart<'a> {
+    model: &'a str,
     index: usize,
     launch: Launch,
     spec: EngineSpec,
     cpus: Option<CpuSet>,
-    pipeline: Pipeline,
-    events: mpsc::Sender<Event>,
-    stats: Arc<WorkerStats>,
-) -> Result<Device, EngineError> {
+}
+
+fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sender<Event>, stats: Arc<WorkerStats>) -> Result<Device, EngineError> {
+    let EngineStart { model: name, index, launch, spec, cpus } = engine;
     let (work, queue) = mpsc::channel::<Work>();
     let (ready_tx, ready_rx) = mpsc::channel();
     let model = name.to_string();
@@ -307,7 +308,8 @@ impl EngineWorker {
                         _ => spec.threads,
                     };
                     let spec = EngineSpec { device: device.clone(), threads, ..spec.clone() };
-                    match start_device(&name, devices.len(), launch.clone(), spec, cpus, pipeline.clone(), thread_events.clone(), thread_stats.clone()) {
+                    let engine = EngineStart { model: &name, index: devices.len(), launch: launch.clone(), spec, cpus };
+                    match start_device(engine, pipeline.clone(), thread_events.clone(), thread_stats.clone()) {
                         Ok(d) => devices.push(d),
                         Err(EngineError::Device(why)) if asked.len() > 1 => {
                             tracing::warn!(model = %name, device = %device, "device skipped: {why}");

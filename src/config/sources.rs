@@ -89,8 +89,17 @@ impl Config {
     }
 }
 
+/// A value a repository's files give that eeane has no name for.
+#[derive(Debug, thiserror::Error)]
+#[error("{key} {value:?} (from {from}) is not one eeane serves")]
+struct UnknownValue {
+    key: String,
+    value: String,
+    from: String,
+}
+
 /// A value read from a repository's files, through the config's own enum:
 /// one eeane has no name for is refused, naming the file, never taken as a default.
-fn typed<T: serde::de::DeserializeOwned>(value: &str, key: &str, from: &str) -> Result<T, String> {
-    serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(|_| format!("{key} {value:?} (from {from}) is not one eeane serves"))
+fn typed<T: serde::de::DeserializeOwned>(value: &str, key: &str, from: &str) -> Result<T, UnknownValue> {
+    serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(|_| UnknownValue { key: key.into(), value: value.into(), from: from.into() })
 }
