@@ -86,3 +86,8 @@ for target in ${EEANE_EXTRA_MODELS:-}; do
 done
 # OpenVINO's library (from the venv's wheel) too: precision = "auto" measures its variants.
 "$venv/bin/python" "$here/prepare.py" --cache "$cache" onnxruntime openvino all-minilm-l6-v2 "${extra[@]}"
+# The default model is precision = "auto": its first load serves the fp32
+# reference at once and measures the variants beside it (about half a minute
+# on 2 cores), then serves the fastest within cosine 0.9999. `eeane survey`
+# runs that measurement ahead of time; setup does not, since eeane is not built yet.
+echo "setup: done. The default model (precision = \"auto\") measures its variants in the background at its first load; \`eeane survey\` does it ahead of time" >&2

@@ -91,3 +91,35 @@ fn broken_files_exit_2_with_a_message_naming_the_key() {
         eprintln!("{key}: {stderr}");
     }
 }
+
+/// What check-config prints is a configuration eeane reads back to itself:
+/// printed again, it is the same text, for the built-in defaults, the
+/// example file and entries with `precision = "auto"`, buckets and devices.
+#[test]
+fn its_output_reads_back_to_itself() {
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/eeane.example.toml")).unwrap();
+    let entry = |extra: &str| {
+        format!("[[models]]\nid = \"m\"\nmodel = \"{{cache}}/models/all-minilm-l6-v2/model.onnx\"\ntokenizer = \"{{cache}}/models/all-minilm-l6-v2/tokenizer.json\"\nmax_tokens = 128\n{extra}\n")
+    };
+    let configs = [
+        ("the built-in defaults", String::new()),
+        ("the example file", example),
+        ("auto on any engine", entry("precision = \"auto\"")),
+        ("auto on its engine", entry("engine = \"openvino\"\nprecision = \"auto\"")),
+        ("buckets and two devices", entry("engine = \"openvino\"\nprecision = \"bf16\"\ndevice = [\"cpu\", \"cpu\"]\nbuckets = [{ max_tokens = 32, max_batch = 8 }, { max_tokens = 128, max_batch = 4 }]")),
+    ];
+    for (what, config) in configs {
+        let first = check_config(&config, &[]);
+        assert!(first.status.success(), "{what}: {}", String::from_utf8_lossy(&first.stderr));
+        let printed = String::from_utf8(first.stdout).unwrap();
+        assert!(!printed.contains("auto_precision"), "{what}: an internal field is printed:\n{printed}");
+        let again = check_config(&printed, &[]);
+        assert!(again.status.success(), "{what}: the printed config is refused: {}\n{printed}", String::from_utf8_lossy(&again.stderr));
+        assert_eq!(String::from_utf8(again.stdout).unwrap(), printed, "{what}: the printed config does not resolve to itself");
+    }
+    // precision = "auto" is printed as written; an entry that names no engine gets none printed.
+    let printed = String::from_utf8(check_config(&entry("precision = \"auto\""), &[]).stdout).unwrap();
+    let resolved: toml::Value = toml::from_str(&printed).unwrap();
+    assert_eq!(resolved["models"][0]["precision"].as_str(), Some("auto"), "{printed}");
+    assert!(resolved["models"][0].get("engine").is_none(), "{printed}");
+}

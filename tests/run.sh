@@ -42,6 +42,10 @@ fi
 for model in all-minilm-l6-v2-int8 e5-small-enpt e5-small-enpt-int8 e5-small-enpt-ov e5-small-enpt-int8-ov all-minilm-l6-v2-ncnn minilm-reranker; do
   target/release/eeane pull "$model" >/dev/null
 done
+# The default model's precision = "auto" survey, once (kept in its manifest):
+# tests that start the default config then serve its chosen variant at once,
+# with no survey running beside them.
+target/release/eeane survey
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0

@@ -1,5 +1,6 @@
-//! `precision = "auto"` on real engines and real graphs: the survey measures
-//! every variant this build and CPU offer against the fp32 reference, a lossy
+//! `precision = "auto"` on real engines and real graphs: the fp32 reference
+//! serves at once while the survey measures every variant this build and CPU
+//! offer against it, the slot then switches to the variant chosen, a lossy
 //! INT8 graph is refused however fast it runs, and the variant served keeps
 //! within cosine 0.9999 of an independent reference (Python onnxruntime on
 //! the fp32 file) over HTTP.
@@ -50,7 +51,33 @@ precision = "int8"
     let before = server.model_health("auto-gate");
     assert_eq!(before["precision_rule"], "auto", "{before}");
 
+    // No request waits for the survey: the first, on a fresh survey, is
+    // answered by the fp32 reference while the survey runs beside it.
     let texts = fixture_texts();
+    let want = reference(&texts, 256);
+    let started = std::time::Instant::now();
+    let first = server.embed(json!(texts), json!({"model": "auto-gate"}));
+    let first_seconds = started.elapsed().as_secs_f64();
+    let during = server.model_health("auto-gate");
+    eprintln!("first request, {} texts, on a fresh survey: {first_seconds:.2} s (load {} ms); survey {}", texts.len(), during["load_ms"], during["survey"]);
+    assert_eq!(during["survey"]["state"], "running", "the first request waited for the survey: {during}");
+    assert_eq!(during["variant"]["chosen"], "onnxruntime fp32", "{during}");
+    let worst = first.iter().zip(&want.vectors).map(|(a, b)| cosine(a, b)).fold(f64::INFINITY, f64::min);
+    assert!(worst >= 0.9999, "the reference served during the survey drifts: min cosine {worst}");
+
+    // The survey ends on its own (its time shown apart from the load's), and
+    // the slot switches to the variant it chose.
+    let mut health = during;
+    for _ in 0..1200 {
+        if health["survey"]["state"] != "running" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        health = server.model_health("auto-gate");
+    }
+    assert_eq!(health["survey"]["state"], "done", "{health}");
+    assert_eq!(health["survey"]["switched"], true, "{health}");
+    eprintln!("survey: {} s beside a {} ms load", health["survey"]["seconds"], health["load_ms"]);
     let got = server.embed(json!(texts), json!({"model": "auto-gate"}));
     let health = server.model_health("auto-gate");
     let variant = &health["variant"];
@@ -101,7 +128,6 @@ precision = "int8"
     }
 
     // Against the independent reference: Python onnxruntime on the fp32 file.
-    let want = reference(&texts, 256);
     let worst = got.iter().zip(&want.vectors).map(|(a, b)| cosine(a, b)).fold(f64::INFINITY, f64::min);
     eprintln!("{chosen} over HTTP vs Python onnxruntime fp32: min cosine {worst:.8} over {} texts", texts.len());
     assert!(worst >= 0.9999, "{chosen} drifts from the fp32 reference: min cosine {worst}");
@@ -119,4 +145,5 @@ precision = "int8"
     let health = again.model_health("auto-gate");
     assert_eq!(health["variant"]["chosen"], chosen, "{health}");
     assert_eq!(health["variant"]["measured_at_this_load"], false, "{health}");
+    assert!(health.get("survey").is_none(), "a kept survey runs no new one: {health}");
 }

@@ -252,7 +252,7 @@ fn listed(app: &AppState, m: &ModelHealth, running: bool) -> OllamaModel {
             },
         },
         expires_at,
-        size_vram: running.then(|| if m.device.eq_ignore_ascii_case("cpu") { 0 } else { size }),
+        size_vram: running.then(|| if config.is_none_or(|c| c.device.all_cpu()) { 0 } else { size }),
         context_length: running.then_some(m.max_tokens),
     }
 }
