@@ -65,6 +65,8 @@ struct Inner {
     state: SlotState,
     /// The `precision = "auto"` survey of this entry, when one ran or runs here.
     survey: Option<SurveyStatus>,
+    /// The running survey's task, stopped when the slot is retired.
+    survey_task: Option<tokio::task::AbortHandle>,
     busy: usize,
     /// When `busy` last fell to 0 (or the model loaded).
     idle_since: Instant,
@@ -88,7 +90,8 @@ pub struct ModelSlot {
 /// chooses between requests.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct SurveyStatus {
-    /// running, done or failed.
+    /// running, done, failed, or stopped (the model was retired first: at
+    /// shutdown, or a reload removed or changed its entry).
     pub state: &'static str,
     /// Variants it measures (the chosen one's engine layouts come after).
     pub variants: usize,
@@ -129,7 +132,7 @@ impl ModelSlot {
             keep_alive: KeepAlive::from_seconds(config.keep_alive(server)),
             config,
             counters: SlotCounters::default(),
-            inner: Mutex::new(Inner { state: SlotState::Unloaded, survey: None, busy: 0, idle_since: Instant::now(), idle_generation: 0, last_used: None }),
+            inner: Mutex::new(Inner { state: SlotState::Unloaded, survey: None, survey_task: None, busy: 0, idle_since: Instant::now(), idle_generation: 0, last_used: None }),
             loading: Default::default(),
         }
     }
@@ -237,7 +240,7 @@ impl ModelSlot {
         }
         tracing::info!(model = %self.config.id, variants, "precision = auto: the fp32 reference serves while the survey measures the variants");
         let slot = self.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let started = Instant::now();
             let result = survey.run().await;
             let seconds = started.elapsed().as_secs_f64();
@@ -274,6 +277,7 @@ impl ModelSlot {
                 }
             }
         });
+        self.inner().survey_task = Some(task.abort_handle());
     }
 
     /// Marks the slot failed without loading (a start-up check found a problem);
@@ -335,7 +339,18 @@ impl ModelSlot {
     /// Drops the model regardless of keep-alive, once idle (used at shutdown and
     /// for entries a reload removed). In-flight requests keep their lease and finish.
     pub fn retire(&self) {
-        let model = std::mem::replace(&mut self.inner().state, SlotState::Unloaded);
+        let model = {
+            let mut inner = self.inner();
+            // A survey still running stops: its engines would hold the shutdown.
+            if let Some(task) = inner.survey_task.take() {
+                task.abort();
+            }
+            if let Some(survey) = inner.survey.as_mut().filter(|s| s.state == "running") {
+                survey.state = "stopped";
+                survey.seconds = unix_now().saturating_sub(survey.started_at) as f64;
+            }
+            std::mem::replace(&mut inner.state, SlotState::Unloaded)
+        };
         if matches!(model, SlotState::Loaded(_)) {
             self.counters.unloads.fetch_add(1, Ordering::Relaxed);
             tracing::info!(model = %self.config.id, "unloading: retired");
