@@ -132,7 +132,15 @@ impl ModelSlot {
             keep_alive: KeepAlive::from_seconds(config.keep_alive(server)),
             config,
             counters: SlotCounters::default(),
-            inner: Mutex::new(Inner { state: SlotState::Unloaded, survey: None, survey_task: None, busy: 0, idle_since: Instant::now(), idle_generation: 0, last_used: None }),
+            inner: Mutex::new(Inner {
+                state: SlotState::Unloaded,
+                survey: None,
+                survey_task: None,
+                busy: 0,
+                idle_since: Instant::now(),
+                idle_generation: 0,
+                last_used: None,
+            }),
             loading: Default::default(),
         }
     }
