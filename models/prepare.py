@@ -949,6 +949,56 @@ def mean_hidden(onnx_path, tokenizer_path, texts):
     return out
 
 
+def append_dense_modules(snapshot, graph_path, settings, tokenizer_path):
+    """With the Dense modules eeane read from the repository (settings'
+    "dense", after its "graph_pooling"): the graph at `graph_path` ends in
+    that pooling and those modules, checked on the check texts against the
+    same tail in float64 numpy on the graph's own token states. Returns the
+    check's figures, or None when the repository has no Dense module."""
+    dense = (settings or {}).get("dense")
+    if not dense:
+        return None
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    import bert_onnx
+
+    layers = []
+    for module in dense:
+        folder = Path(snapshot) / module["path"]
+        cfg = json.loads((folder / "config.json").read_text())
+        if not (folder / "model.safetensors").is_file():
+            raise SystemExit(f"{module['path']} has no model.safetensors (eeane reads a Dense module's weights from safetensors only)")
+        weights = load_file(folder / "model.safetensors")
+        layers.append((weights["linear.weight"], weights.get("linear.bias") if cfg.get("bias", True) else None, module["activation"]))
+    pooling = settings["graph_pooling"]
+    model = bert_onnx.append_pooling_and_dense(onnx.load(str(graph_path), load_external_data=False), pooling, layers)
+    ended = graph_path.with_name(graph_path.name + ".dense")
+    onnx.save_model(model, str(ended))
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.no_padding()
+    tok.enable_truncation(256)
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (graph_path, ended)]
+    worst, max_abs = 1.0, 0.0
+    for text in CHECK_TEXTS:
+        ids = np.asarray([tok.encode(text).ids], np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        states, got = (sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})[0] for sess in sessions)
+        want = bert_onnx.numpy_pooling_and_dense(states, feed["attention_mask"], pooling, layers)[0]
+        worst = min(worst, cosine(got[0], want))
+        max_abs = max(max_abs, float(np.abs(got[0] - want).max()))
+    print(f"{graph_path.parent.name}: {pooling} pooling and {len(layers)} Dense module(s) in the graph vs numpy float64: "
+          f"min cosine {worst:.8f}, max |diff| {max_abs:.2e}")
+    if worst < 0.99999 or max_abs > 1e-4:
+        ended.unlink()
+        raise SystemExit("the graph's pooling and Dense modules drift from the reference; not publishing it")
+    os.replace(ended, graph_path)
+    return {"dense_min_cosine_vs_numpy_float64": worst, "dense_max_abs_diff": max_abs}
+
+
 def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_file=None):
     """A Hub repository's snapshot (`eeane pull hf:...`) to `{cache}/models/NAME`:
     its own onnx/model.onnx (and external data) when it ships one, checked to
@@ -1026,6 +1076,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
         if min(cosines) < 0.99999 or max_abs > 1e-3:
             raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
         checks = {"min_cosine_vs_numpy_float64": min(cosines), "max_abs_hidden_diff": max_abs}
+    checks.update(append_dense_modules(snapshot, tmp, settings, out / "tokenizer.json") or {})
     os.replace(tmp, out / "model.onnx")
     write_manifest(out, {"hub": source, "inferred": settings}, checks)
     print(f"{name}: ready in {out}")

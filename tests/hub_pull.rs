@@ -430,6 +430,42 @@ fn pulled_models_serve_what_the_repository_declares() {
     }
 }
 
+/// A Dense module after pooling (tests/hub/make_repos.py: 384 -> 128, tanh,
+/// then Normalize), from safetensors and from the repository's own ONNX,
+/// applied inside the prepared graph on ONNX Runtime and OpenVINO; a
+/// CamemBERT built as RoBERTa. Each against the reference on the
+/// repository's own files, which applies the Dense module itself.
+#[test]
+fn dense_modules_and_camembert_serve_what_the_repository_declares() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let repos = ["eeane-test/minilm-dense", "eeane-test/minilm-dense-onnx-only", "eeane-test/minilm-camembert"];
+    let mut config = String::from("[server]\nport = 0\n\n");
+    for repo in repos {
+        let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);
+        assert!(pulled.ok, "{repo}: {}", pulled.stderr);
+        config += &pulled.stdout;
+        config += "\n";
+    }
+    assert!(config.contains("pooling = \"none\"  # 1_Pooling/config.json (mean) and 2_Dense"), "{config}");
+    // ncnn's converted graph does not carry Dense modules: refused before the weights come.
+    let refused = pull_with(&["--engine", "ncnn"], home.path(), &hub.endpoint, "hf:eeane-test/minilm-dense", &[]);
+    assert!(!refused.ok && refused.stderr.contains("Dense"), "{}", refused.stderr);
+    config += "[[models]]\nid = \"dense-openvino\"\nsource = \"hf:eeane-test/minilm-dense\"\nengine = \"openvino\"\ndevice = \"CPU\"\n";
+    let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
+    let texts = common::fixture_texts();
+    for (model, repo, width) in repos.iter().map(|r| (*r, *r, if r.contains("dense") { 128 } else { 384 })).chain([("dense-openvino", repos[0], 128)]) {
+        let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": texts}));
+        assert_eq!(status, 200, "{model}: {response}");
+        let served = common::vectors(&response);
+        assert!(served.iter().all(|v| v.len() == width), "{model}: {} dimensions, not {width}", served[0].len());
+        let reference = reference(&the_snapshot(home.path(), repo), &serde_json::json!({"texts": texts, "max_tokens": 256}));
+        let worst = served.iter().zip(reference["vectors"].as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min);
+        println!("{model}: {} texts of {width} dimensions, min cosine to the reference {worst:.8}", served.len());
+        assert!(worst >= 0.9999, "{model}: min cosine {worst}");
+    }
+}
+
 /// `source = "hf:..."` entries: read from the repository unless the entry
 /// says otherwise (check-config names each value's file), fetched and
 /// prepared at the first request, a gated one failing alone; with

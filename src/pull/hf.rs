@@ -33,12 +33,13 @@ pub fn select_files(listing: &[&str], target: &Target) -> Vec<String> {
         (name.ends_with(".json") && !f.starts_with("onnx/") && !f.starts_with("openvino/"))
             || matches!(name, "vocab.txt" | "merges.txt" | "sentencepiece.bpe.model" | "spiece.model" | "tokenizer.model" | "vocab.json")
     };
+    // A module's own weights (2_Dense/model.safetensors) come whatever graph is served.
+    let module_weights = |f: &str| f.ends_with(".safetensors") && f.split('/').count() == 2 && !f.starts_with("onnx/");
     let weights = |f: &str| {
         if onnx {
-            f == "onnx/model.onnx" || f.starts_with("onnx/model.onnx_data") || f == "onnx/model.onnx.data"
+            f == "onnx/model.onnx" || f.starts_with("onnx/model.onnx_data") || f == "onnx/model.onnx.data" || module_weights(f)
         } else {
-            // Top level and modules' folders (2_Dense/model.safetensors).
-            f.ends_with(".safetensors") && f.split('/').count() <= 2 && !f.starts_with("onnx/")
+            f.ends_with(".safetensors") && !f.contains('/') || module_weights(f)
         }
     };
     listing.iter().filter(|f| config_or_tokenizer(f) || weights(f) || variant(f)).map(|f| f.to_string()).collect()
@@ -140,6 +141,13 @@ pub fn resolve(source: &str, downloads: bool, target: &Target) -> Result<Resolve
 /// safetensors ignores the repository's own ONNX, and may serve embeddings only.
 fn read_for(dir: &Path, repo: &str, ships_onnx: bool, target: &Target) -> Result<StModel, PullError> {
     let model = StModel::read(dir, repo, ships_onnx && target.reads_repository_onnx())?;
+    if !model.dense.is_empty() && !target.reads_repository_onnx() {
+        let default = crate::engines::default_engine().name();
+        return Err(PullError::Unsupported(format!(
+            "{repo} has Dense modules after pooling, which eeane applies inside the ONNX graph; the {} engine's converted graph does not carry them yet (use engine = {default:?})",
+            target.engine
+        )));
+    }
     if model.reranker && !target.preparation.serves_rerankers {
         let default = crate::engines::default_engine().name();
         return Err(PullError::Unsupported(format!(
@@ -331,6 +339,9 @@ mod tests {
         }
         let with_onnx = ["config.json", "model.safetensors", "onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_quantized.onnx", "tokenizer.json"];
         assert_eq!(select_files(&with_onnx, &Target::default_engine()), ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "tokenizer.json"]);
+        // A Dense module's weights come with the repository's graph too.
+        let with_dense = ["2_Dense/config.json", "2_Dense/model.safetensors", "model.safetensors", "onnx/model.onnx"];
+        assert_eq!(select_files(&with_dense, &Target::default_engine()), ["2_Dense/config.json", "2_Dense/model.safetensors", "onnx/model.onnx"]);
         assert_eq!(
             select_files(&with_onnx, &Target { onnx_file: Some("onnx/model_quantized.onnx".into()), ..Target::default_engine() }),
             ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_quantized.onnx", "tokenizer.json"]

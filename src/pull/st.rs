@@ -23,6 +23,8 @@ pub const BUILT_FROM_SAFETENSORS: &[&str] = &[
     "XLMRobertaModel",
     "XLMRobertaForMaskedLM",
     "XLMRobertaForSequenceClassification",
+    "CamembertModel",
+    "CamembertForMaskedLM",
     "DistilBertModel",
     "DistilBertForMaskedLM",
     "DistilBertForSequenceClassification",
@@ -32,7 +34,8 @@ pub const BUILT_FROM_SAFETENSORS: &[&str] = &[
 /// rows (XLM-)RoBERTa spends on numbering from the padding index + 1.
 fn positions(config: &Value) -> Option<u64> {
     let rows = config["max_position_embeddings"].as_u64()?;
-    let roberta = config["model_type"].as_str().is_some_and(|t| t.contains("roberta"));
+    // CamemBERT numbers positions as RoBERTa does.
+    let roberta = config["model_type"].as_str().is_some_and(|t| t.contains("roberta") || t == "camembert");
     let pad = config["pad_token_id"].as_u64().unwrap_or(1);
     Some(if roberta { rows.saturating_sub(pad + 1) } else { rows })
 }
@@ -64,7 +67,30 @@ pub struct StModel {
     pub score_activation: Option<Inferred<&'static str>>,
     /// The repository's own graph, when it ships one.
     pub onnx: Option<String>,
+    /// Dense modules after pooling, in order: the prepared graph pools
+    /// (`graph_pooling`) and applies them, so eeane's pooling is "none".
+    pub dense: Vec<DenseModule>,
+    /// The pooling the prepared graph does, with Dense modules ("mean" or "cls").
+    pub graph_pooling: Option<&'static str>,
 }
+
+/// A sentence-transformers Dense module: its folder and the torch class of
+/// its activation, as its config.json names them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenseModule {
+    pub path: String,
+    pub activation: String,
+}
+
+/// The activations of a Dense module that the prepared graph applies
+/// (models/bert_onnx.py `DENSE_ACTIVATIONS`).
+const DENSE_ACTIVATIONS: &[&str] = &[
+    "torch.nn.modules.linear.Identity",
+    "torch.nn.modules.activation.Tanh",
+    "torch.nn.modules.activation.ReLU",
+    "torch.nn.modules.activation.Sigmoid",
+    "torch.nn.modules.activation.GELU",
+];
 
 fn read_json(dir: &Path, file: &str) -> Result<Option<Value>, PullError> {
     match std::fs::read(dir.join(file)) {
@@ -101,11 +127,20 @@ impl StModel {
         let modules = read_json(dir, "modules.json")?;
         let modules: Vec<Value> = modules.as_ref().and_then(Value::as_array).cloned().unwrap_or_default();
         let module_of = |kind: &str| modules.iter().find(|m| m["type"].as_str().is_some_and(|t| t.ends_with(kind)));
-        if let Some(dense) = module_of("Dense") {
-            return Err(PullError::Unsupported(format!(
-                "{repo} has a Dense module ({}) after pooling; eeane does not apply Dense modules yet",
-                dense["path"].as_str().unwrap_or("?")
-            )));
+        let mut dense = Vec::new();
+        for module in modules.iter().filter(|m| m["type"].as_str().is_some_and(|t| t.ends_with("Dense"))) {
+            let path = module["path"].as_str().unwrap_or("2_Dense").to_string();
+            let file = format!("{path}/config.json");
+            let config = read_json(dir, &file)?.ok_or_else(|| PullError::Unsupported(format!("{repo}: modules.json names {file}, which is missing")))?;
+            // sentence-transformers' own default, for configs written before it was saved.
+            let activation = config["activation_function"].as_str().unwrap_or("torch.nn.modules.activation.Tanh").to_string();
+            if !DENSE_ACTIVATIONS.contains(&activation.as_str()) {
+                return Err(PullError::Unsupported(format!(
+                    "{repo}: the Dense module's activation {activation} ({file}) is not one eeane applies ({})",
+                    DENSE_ACTIVATIONS.iter().map(|a| a.rsplit('.').next().unwrap_or(a)).collect::<Vec<_>>().join(", ")
+                )));
+            }
+            dense.push(DenseModule { path, activation });
         }
         let pooling = match module_of("Pooling") {
             Some(module) => {
@@ -147,6 +182,21 @@ impl StModel {
             // A plain transformers checkpoint: sentence-transformers' own default.
             None => inferred("mean", "no modules.json: sentence-transformers pools by mean"),
         };
+        // Dense modules come after pooling: the prepared graph does both.
+        let (pooling, graph_pooling) = match dense.is_empty() {
+            true => (pooling, None),
+            false => {
+                let Some(in_graph) = ["mean", "cls"].into_iter().find(|m| *m == pooling.value) else {
+                    return Err(PullError::Unsupported(format!(
+                        "{repo}: pooling {:?} ({}) before a Dense module: eeane applies Dense modules after mean or cls pooling",
+                        pooling.value, pooling.from
+                    )));
+                };
+                let paths: Vec<&str> = dense.iter().map(|d| d.path.as_str()).collect();
+                let from = format!("{} ({in_graph}) and {}: pooled and projected inside the prepared graph", pooling.from, paths.join(", "));
+                (inferred("none", &from), Some(in_graph))
+            }
+        };
         let normalize = match module_of("Normalize") {
             Some(_) => inferred(true, "modules.json (a Normalize module)"),
             None => inferred(false, "modules.json (no Normalize module)"),
@@ -184,6 +234,8 @@ impl StModel {
             score_activation: None,
             onnx,
             reranker: false,
+            dense,
+            graph_pooling,
         })
     }
 
@@ -218,6 +270,8 @@ impl StModel {
             default_prompt_name: None,
             score_activation: Some(score_activation),
             onnx,
+            dense: Vec::new(),
+            graph_pooling: None,
         })
     }
 }
@@ -236,6 +290,11 @@ impl StModel {
         });
         if let Some(activation) = &self.score_activation {
             settings["score_activation"] = serde_json::json!({"value": activation.value, "from": activation.from});
+        }
+        if let Some(pooling) = self.graph_pooling {
+            let dense: Vec<Value> = self.dense.iter().map(|d| serde_json::json!({"path": d.path, "activation": d.activation})).collect();
+            settings["dense"] = Value::Array(dense);
+            settings["graph_pooling"] = Value::from(pooling);
         }
         if let Some(default) = &self.default_prompt_name {
             settings["default_prompt_name"] = serde_json::json!({"value": default.value, "from": default.from});

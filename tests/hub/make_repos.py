@@ -36,6 +36,12 @@ weights the project already has, laid out as on the Hub:
                                           (classifier.dense, classifier.out_proj)
   eeane-test/minilm-roberta               all-MiniLM-L6-v2 as a RobertaModel (its
                                           position table offset by pad + 1)
+  eeane-test/minilm-camembert             all-MiniLM-L6-v2 as a CamembertModel (RoBERTa's
+                                          layout under CamemBERT's names)
+  eeane-test/minilm-dense                 the first with a Dense module after pooling
+                                          (384 -> 128, tanh, seeded random weights),
+                                          then Normalize, as sentence-transformers saves it
+  eeane-test/minilm-dense-onnx-only       the same with only onnx/model.onnx (token states)
   eeane-test/minilm-distilbert            all-MiniLM-L6-v2 as a DistilBertModel
                                           (token type 0 folded into positions):
                                           both compute MiniLM's own vectors
@@ -204,6 +210,33 @@ def xlmr_repos(cache, out):
     write(cross / "tokenizer_config.json", json.dumps(tokenizer_config, indent=2))
 
 
+def dense_repos(minilm, onnx_only, out):
+    """all-MiniLM-L6-v2 with a Dense module between pooling and Normalize, as
+    sentence-transformers saves one (2_Dense/config.json and its linear
+    layer in 2_Dense/model.safetensors), from safetensors and from an ONNX
+    graph of token states."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(20261204)
+    weight = (rng.standard_normal((128, 384)) / np.sqrt(384)).astype(np.float32)
+    bias = (rng.standard_normal(128) * 0.1).astype(np.float32)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+        {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    dense_config = {"in_features": 384, "out_features": 128, "bias": True, "activation_function": "torch.nn.modules.activation.Tanh"}
+    for repo, source in [("eeane-test/minilm-dense", minilm), ("eeane-test/minilm-dense-onnx-only", onnx_only)]:
+        folder = out / repo
+        shutil.copytree(source, folder)
+        write(folder / "modules.json", json.dumps(modules, indent=2))
+        write(folder / "2_Dense/config.json", json.dumps(dense_config, indent=2))
+        folder.joinpath("2_Dense").mkdir(parents=True, exist_ok=True)
+        save_file({"linear.weight": weight, "linear.bias": bias}, str(folder / "2_Dense/model.safetensors"), metadata={"format": "pt"})
+
+
 def minilm_as(minilm, out):
     """all-MiniLM-L6-v2's weights as a RobertaModel and as a DistilBertModel,
     and its cross-encoder as a DistilBertForSequenceClassification."""
@@ -228,6 +261,11 @@ def minilm_as(minilm, out):
                                                "max_position_embeddings": cfg["max_position_embeddings"] + 2}, indent=2))
     for name in same_files:
         write(roberta / name, (minilm / name).read_bytes())
+
+    camembert = out / "eeane-test/minilm-camembert"
+    shutil.copytree(roberta, camembert)
+    write(camembert / "config.json", json.dumps({**json.loads((roberta / "config.json").read_text()), "architectures": ["CamembertModel"],
+                                                 "model_type": "camembert"}, indent=2))
 
     names = {v: k for k, v in bert_onnx.DISTILBERT_LAYER_NAMES.items()}
 
@@ -331,6 +369,8 @@ def main():
     graph = onnx.load(str(args.cache / "models/all-minilm-l6-v2/model.onnx"))
     onnx.save_model(graph, str(external / "onnx/model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
                     location="model.onnx_data", size_threshold=1024)
+
+    dense_repos(minilm, onnx_only, out)
 
     gated = out / "eeane-test/gated-minilm"
     shutil.copytree(minilm, gated)

@@ -30,7 +30,7 @@ class Encoder:
         self.cfg = json.loads((snapshot / "config.json").read_text())
         self.kind = self.cfg["model_type"]
         weights = load_file(snapshot / "model.safetensors")
-        base = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "distilbert": "distilbert."}[self.kind]
+        base = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta.", "camembert": "roberta.", "distilbert": "distilbert."}[self.kind]
         self.base = base if any(k.startswith(base) for k in weights) else ""
         self.w = {k: v.astype(np.float64) for k, v in weights.items()}
 
@@ -113,6 +113,27 @@ def logits(snapshot, request):
     return out
 
 
+# sentence-transformers' Dense activations by their torch class, in float64.
+ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": lambda x: x,
+    "torch.nn.modules.activation.Tanh": np.tanh,
+    "torch.nn.modules.activation.ReLU": lambda x: np.maximum(x, 0.0),
+    "torch.nn.modules.activation.Sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "torch.nn.modules.activation.GELU": lambda x: 0.5 * x * (1.0 + ERF(x / math.sqrt(2.0))),
+}
+
+
+def dense_module(folder):
+    """A Dense module as sentence-transformers runs it: linear (weight
+    [out, in], optional bias) then the activation its config names."""
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((folder / "config.json").read_text())
+    weights = load_file(folder / "model.safetensors")
+    bias = weights["linear.bias"].astype(np.float64) if cfg.get("bias", True) else None
+    return weights["linear.weight"].astype(np.float64), bias, ACTIVATIONS[cfg.get("activation_function", "torch.nn.modules.activation.Tanh")]
+
+
 def main():
     snapshot = Path(sys.argv[1])
     request = json.load(sys.stdin)
@@ -124,6 +145,7 @@ def main():
     pooling = json.loads((snapshot / pooling_dir / "config.json").read_text())
     mode = pooling.get("pooling_mode") or next(k[len("pooling_mode_"):] for k, v in pooling.items() if k.startswith("pooling_mode_") and v is True)
     normalize = any(m["type"].endswith("Normalize") for m in modules)
+    dense = [dense_module(snapshot / m["path"]) for m in modules if m["type"].endswith("Dense")]
     tok = Tokenizer.from_file(str(snapshot / "tokenizer.json"))
     tok.no_padding()
     tok.enable_truncation(request["max_tokens"])
@@ -145,6 +167,8 @@ def main():
         h = hidden(tok.encode(text).ids)
         v = {"cls": h[0], "cls_token": h[0], "mean": h.mean(0), "mean_tokens": h.mean(0), "max_tokens": h.max(0), "max": h.max(0),
              "lasttoken": h[-1], "mean_sqrt_len_tokens": h.sum(0) / np.sqrt(len(h))}[mode]
+        for weight, bias, activation in dense:
+            v = activation(weight @ v + (bias if bias is not None else 0.0))
         if normalize:
             v = v / np.linalg.norm(v)
         vectors.append(v.tolist())
