@@ -218,6 +218,35 @@ def cosine(a, b):
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+def check_decoder_onnx(onnx_path, weights, cfg, tokenizer_path):
+    """A decoder's graph (batched, right-padded) against its float64 numpy
+    network, every real token's state: (min cosine, max |difference|)."""
+    import numpy as np
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    import decoder_onnx
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.no_padding()
+    tok.enable_truncation(256)
+    encs = [tok.encode(t).ids for t in CHECK_TEXTS]
+    ids = np.zeros((len(encs), max(map(len, encs))), np.int64)
+    mask = np.zeros_like(ids)
+    for i, e in enumerate(encs):
+        ids[i, : len(e)] = e
+        mask[i, : len(e)] = 1
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    hidden = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    worst, max_abs = 1.0, 0.0
+    for i, e in enumerate(encs):
+        ref = decoder_onnx.numpy_forward(weights, cfg, e)
+        got = hidden[i, : len(e)].astype(np.float64)
+        worst = min(worst, min(cosine(a, b) for a, b in zip(got, ref)))
+        max_abs = max(max_abs, float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1.0)))
+    return worst, max_abs
+
+
 def check_bert_onnx(onnx_path, weights, cfg, tokenizer_path):
     """Run the ONNX graph (batched, padded) against the float64 numpy network; return per-text cosines."""
     import numpy as np
@@ -1011,6 +1040,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
     from safetensors.numpy import load_file
 
     import bert_onnx
+    import decoder_onnx
 
     snapshot = Path(snapshot)
     out = cache / "models" / name
@@ -1058,6 +1088,15 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
         sess.run(None, feed)
         checks = {"repository_onnx": True, "inputs": names, "outputs": outputs}
         print(f"{name}: the repository's ONNX runs (inputs {names}, outputs {outputs})")
+    elif cfg.get("model_type") in decoder_onnx.FAMILIES:
+        # A decoder embedder (Qwen3, Qwen2): its own builder, its own numpy network.
+        weights = load_file(snapshot / "model.safetensors")
+        onnx.save_model(decoder_onnx.build_graph(weights, cfg), tmp)
+        worst, max_rel = check_decoder_onnx(tmp, weights, cfg, out / "tokenizer.json")
+        print(f"{name}: ONNX vs numpy float64, every token's state: min cosine {worst:.8f}, max |diff| / max |state| {max_rel:.2e}")
+        if worst < 0.99999 or max_rel > 1e-3:
+            raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
+        checks = {"min_cosine_vs_numpy_float64": worst, "max_rel_hidden_diff": max_rel}
     else:
         weights, cfg = bert_onnx.as_bert(load_file(snapshot / "model.safetensors"), cfg)
         if any(a.endswith("ForSequenceClassification") for a in cfg.get("architectures", [])):

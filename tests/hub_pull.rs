@@ -430,6 +430,56 @@ fn pulled_models_serve_what_the_repository_declares() {
     }
 }
 
+/// Decoder embedders built from safetensors (tests/hub/fixtures: tiny random
+/// Qwen3 and Qwen2 written by transformers, their vectors by
+/// sentence-transformers itself): last-token pooling, the end-of-text token
+/// the tokenizer appends, the query prompt; one text a request, one padded
+/// batch of mixed lengths, and with the prompt, each against
+/// sentence-transformers' own vectors, on ONNX Runtime and OpenVINO.
+#[test]
+fn decoder_embedders_serve_sentence_transformers_vectors() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let mut config = String::from("[server]\nport = 0\n\n");
+    for repo in ["eeane-test/qwen3-tiny", "eeane-test/qwen2-tiny"] {
+        let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);
+        assert!(pulled.ok, "{repo}: {}", pulled.stderr);
+        assert!(pulled.stdout.contains("pooling = \"last_token\""), "{}", pulled.stdout);
+        config += &pulled.stdout;
+        config += "\n";
+    }
+    let refused = pull_with(&["--engine", "ncnn"], home.path(), &hub.endpoint, "hf:eeane-test/qwen3-tiny", &[]);
+    assert!(!refused.ok && refused.stderr.contains("Qwen3Model"), "{}", refused.stderr);
+    config += "[[models]]\nid = \"qwen3-openvino\"\nsource = \"hf:eeane-test/qwen3-tiny\"\nengine = \"openvino\"\ndevice = \"CPU\"\n";
+    let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures");
+    for (model, fixture) in [("eeane-test/qwen3-tiny", "qwen3-tiny"), ("eeane-test/qwen2-tiny", "qwen2-tiny"), ("qwen3-openvino", "qwen3-tiny")] {
+        let reference: Value = serde_json::from_slice(&std::fs::read(fixtures.join(fixture).join("reference.json")).unwrap()).unwrap();
+        let texts = reference["texts"].as_array().unwrap();
+        let embed = |body: Value| {
+            let (status, response) = server.post("/v1/embeddings", &body);
+            assert_eq!(status, 200, "{model}: {response}");
+            common::vectors(&response)
+        };
+        let worst =
+            |got: &[Vec<f32>], want: &Value| got.iter().zip(want.as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min);
+        let one: Vec<Vec<f32>> = texts.iter().flat_map(|t| embed(serde_json::json!({"model": model, "input": [t]}))).collect();
+        let batch = embed(serde_json::json!({"model": model, "input": texts}));
+        let query = embed(serde_json::json!({"model": model, "input": texts, "prompt_name": "query"}));
+        let batch_vs_one = batch.iter().zip(&one).map(|(a, b)| common::cosine(a, &common::as_f64(b))).fold(1.0f64, f64::min);
+        let figures = [
+            ("one text a request vs sentence-transformers", worst(&one, &reference["vectors"])),
+            ("one padded batch vs sentence-transformers' batch", worst(&batch, &reference["batch"])),
+            ("the query prompt vs sentence-transformers'", worst(&query, &reference["query"])),
+            ("one padded batch vs one text a request", batch_vs_one),
+        ];
+        for (what, cosine) in figures {
+            println!("{model}: {what}, {} texts: min cosine {cosine:.8}", texts.len());
+            assert!(cosine >= 0.9999, "{model}: {what}: min cosine {cosine}");
+        }
+    }
+}
+
 /// A Dense module after pooling (tests/hub/make_repos.py: 384 -> 128, tanh,
 /// then Normalize), from safetensors and from the repository's own ONNX,
 /// applied inside the prepared graph on ONNX Runtime and OpenVINO; a

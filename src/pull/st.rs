@@ -11,8 +11,18 @@ use std::path::Path;
 
 use serde_json::Value;
 
-/// Architectures whose graph eeane builds from safetensors (`models/bert_onnx.py`).
+/// Decoder embedders whose graph eeane builds from safetensors
+/// (`models/decoder_onnx.py`); engines that convert from the BERT builder's
+/// graph (ncnn) do not take them.
+pub const DECODERS: &[&str] = &["Qwen3Model", "Qwen3ForCausalLM", "Qwen2Model", "Qwen2ForCausalLM"];
+
+/// Architectures whose graph eeane builds from safetensors (`models/bert_onnx.py`,
+/// and `DECODERS`).
 pub const BUILT_FROM_SAFETENSORS: &[&str] = &[
+    "Qwen3Model",
+    "Qwen3ForCausalLM",
+    "Qwen2Model",
+    "Qwen2ForCausalLM",
     "BertModel",
     "BertForMaskedLM",
     "BertForPreTraining",

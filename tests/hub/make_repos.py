@@ -42,6 +42,10 @@ weights the project already has, laid out as on the Hub:
                                           (384 -> 128, tanh, seeded random weights),
                                           then Normalize, as sentence-transformers saves it
   eeane-test/minilm-dense-onnx-only       the same with only onnx/model.onnx (token states)
+  eeane-test/qwen3-tiny, qwen2-tiny       decoder embedders (last-token pooling, a query
+                                          prompt): tests/hub/fixtures/, made once by
+                                          make_decoder_fixtures.py with transformers'
+                                          save_pretrained and sentence-transformers
   eeane-test/minilm-distilbert            all-MiniLM-L6-v2 as a DistilBertModel
                                           (token type 0 folded into positions):
                                           both compute MiniLM's own vectors
@@ -371,6 +375,9 @@ def main():
                     location="model.onnx_data", size_threshold=1024)
 
     dense_repos(minilm, onnx_only, out)
+    for fixture in ("qwen3-tiny", "qwen2-tiny"):
+        shutil.copytree(Path(__file__).resolve().parent / "fixtures" / fixture, out / "eeane-test" / fixture,
+                        ignore=shutil.ignore_patterns("reference.json"))
 
     gated = out / "eeane-test/gated-minilm"
     shutil.copytree(minilm, gated)

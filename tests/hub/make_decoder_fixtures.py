@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Makes the decoder embedders' fixtures once, with torch, transformers and
+sentence-transformers (not in CI: the fixtures are committed, kilobytes each).
+
+For each family (qwen3, qwen2): a tiny random model (2 layers, hidden 64,
+4 query and 2 key/value heads) written by transformers' own save_pretrained,
+a small byte-level BPE tokenizer trained on tests/fixtures/texts.json that
+appends the end-of-text token as Qwen3-Embedding's does, and the files
+sentence-transformers writes (modules.json, 1_Pooling with last-token
+pooling, Normalize, config_sentence_transformers.json with a query prompt).
+Beside each, reference.json: sentence-transformers' own vectors for the
+texts, with and without prompt_name="query", one text at a time and as one
+padded batch.
+
+    python3 tests/hub/make_decoder_fixtures.py OUT_DIR
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer, models
+from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model
+
+HERE = Path(__file__).resolve().parent
+TEXTS = json.loads((HERE.parent / "fixtures" / "texts.json").read_text())
+EOS = "<|endoftext|>"
+
+
+def tokenizer(out):
+    tok = Tokenizer(tok_models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 4, trainer)
+    eos = tok.token_to_id(EOS)
+    tok.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, eos)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, model_max_length=128)
+    fast.save_pretrained(out)
+    return fast.vocab_size, eos
+
+
+def family(name, config_cls, model_cls, out, extra):
+    out.mkdir(parents=True, exist_ok=True)
+    vocab, eos = tokenizer(out)
+    torch.manual_seed(20261204)
+    config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=512, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                        eos_token_id=eos, pad_token_id=eos, bos_token_id=eos, tie_word_embeddings=False, **extra)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            # Larger than the default init, so that every layer moves the vectors.
+            p.normal_(0.0, 0.2)
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.add_(1.0)
+    model.save_pretrained(out, safe_serialization=True)
+    transformer = models.Transformer(str(out), max_seq_length=128)
+    pooling = models.Pooling(64, pooling_mode="lasttoken")
+    st = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
+                             prompts={"query": "Instruct: Given a question, retrieve passages that answer it\nQuery: "})
+    st.save(str(out))
+    st = SentenceTransformer(str(out), device="cpu")
+    texts = TEXTS[:16] + ["a", "x " * 200]
+    one = [st.encode([t], convert_to_numpy=True)[0] for t in texts]
+    batch = st.encode(texts, batch_size=len(texts), convert_to_numpy=True)
+    query = st.encode(texts, prompt_name="query", batch_size=8, convert_to_numpy=True)
+    agree = min(float(np.dot(a, b)) for a, b in zip(one, batch))
+    print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters; one at a time vs padded batch min cosine {agree:.8f}")
+    (out / "reference.json").write_text(json.dumps({
+        "texts": texts, "max_tokens": 128,
+        "vectors": [v.tolist() for v in one], "batch": batch.tolist(), "query": query.tolist(),
+        "made_by": f"sentence-transformers {__import__('sentence_transformers').__version__}, transformers "
+                   f"{__import__('transformers').__version__}, torch {torch.__version__}",
+    }))
+
+
+def main():
+    out = Path(sys.argv[1])
+    family("qwen3", Qwen3Config, Qwen3Model, out / "qwen3-tiny", {"head_dim": 16})
+    family("qwen2", Qwen2Config, Qwen2Model, out / "qwen2-tiny", {})
+
+
+if __name__ == "__main__":
+    main()
