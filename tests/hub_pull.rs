@@ -389,7 +389,7 @@ fn pulled_models_serve_what_the_repository_declares() {
         "{config}"
     );
     let refused = pull_with(&[], home.path(), &hub.endpoint, "hf:eeane-test/unsupported-arch", &[]);
-    assert!(!refused.ok && refused.stderr.contains("LlamaForCausalLM") && refused.stderr.contains("optimum-cli export onnx"), "{}", refused.stderr);
+    assert!(!refused.ok && refused.stderr.contains("GPTNeoXForCausalLM") && refused.stderr.contains("optimum-cli export onnx"), "{}", refused.stderr);
     assert!(
         !files_under(&repo_dir(home.path(), "eeane-test/unsupported-arch")).iter().any(|f| f.ends_with("safetensors")),
         "weights fetched for a refused model"
@@ -431,7 +431,7 @@ fn pulled_models_serve_what_the_repository_declares() {
 }
 
 /// Decoder embedders built from safetensors (tests/hub/fixtures: tiny random
-/// Qwen3 and Qwen2 written by transformers, their vectors by
+/// Qwen3, Qwen2, Mistral and Llama written by transformers, their vectors by
 /// sentence-transformers itself): last-token pooling, the end-of-text token
 /// the tokenizer appends, the query prompt; one text a request, one padded
 /// batch of mixed lengths, and with the prompt, each against
@@ -441,7 +441,8 @@ fn decoder_embedders_serve_sentence_transformers_vectors() {
     let hub = LookAlike::start();
     let home = tempfile::tempdir().unwrap();
     let mut config = String::from("[server]\nport = 0\n\n");
-    for repo in ["eeane-test/qwen3-tiny", "eeane-test/qwen2-tiny"] {
+    let families = ["qwen3-tiny", "qwen2-tiny", "mistral-tiny", "llama-tiny"];
+    for repo in families.map(|f| format!("eeane-test/{f}")) {
         let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);
         assert!(pulled.ok, "{repo}: {}", pulled.stderr);
         assert!(pulled.stdout.contains("pooling = \"last_token\""), "{}", pulled.stdout);
@@ -453,7 +454,9 @@ fn decoder_embedders_serve_sentence_transformers_vectors() {
     config += "[[models]]\nid = \"qwen3-openvino\"\nsource = \"hf:eeane-test/qwen3-tiny\"\nengine = \"openvino\"\ndevice = \"CPU\"\n";
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures");
-    for (model, fixture) in [("eeane-test/qwen3-tiny", "qwen3-tiny"), ("eeane-test/qwen2-tiny", "qwen2-tiny"), ("qwen3-openvino", "qwen3-tiny")] {
+    let served = families.map(|f| (format!("eeane-test/{f}"), f)).into_iter().chain([("qwen3-openvino".to_string(), "qwen3-tiny")]);
+    for (model, fixture) in served {
+        let model = model.as_str();
         let reference: Value = serde_json::from_slice(&std::fs::read(fixtures.join(fixture).join("reference.json")).unwrap()).unwrap();
         let texts = reference["texts"].as_array().unwrap();
         let embed = |body: Value| {

@@ -14,7 +14,8 @@ use serde_json::Value;
 /// Decoder embedders whose graph eeane builds from safetensors
 /// (`models/decoder_onnx.py`); engines that convert from the BERT builder's
 /// graph (ncnn) do not take them.
-pub const DECODERS: &[&str] = &["Qwen3Model", "Qwen3ForCausalLM", "Qwen2Model", "Qwen2ForCausalLM"];
+pub const DECODERS: &[&str] =
+    &["Qwen3Model", "Qwen3ForCausalLM", "Qwen2Model", "Qwen2ForCausalLM", "MistralModel", "MistralForCausalLM", "LlamaModel", "LlamaForCausalLM"];
 
 /// Architectures whose graph eeane builds from safetensors (`models/bert_onnx.py`,
 /// and `DECODERS`).
@@ -23,6 +24,10 @@ pub const BUILT_FROM_SAFETENSORS: &[&str] = &[
     "Qwen3ForCausalLM",
     "Qwen2Model",
     "Qwen2ForCausalLM",
+    "MistralModel",
+    "MistralForCausalLM",
+    "LlamaModel",
+    "LlamaForCausalLM",
     "BertModel",
     "BertForMaskedLM",
     "BertForPreTraining",
@@ -40,13 +45,18 @@ pub const BUILT_FROM_SAFETENSORS: &[&str] = &[
     "DistilBertForSequenceClassification",
 ];
 
-/// The positions a model can embed: `max_position_embeddings`, less the
-/// rows (XLM-)RoBERTa spends on numbering from the padding index + 1.
+/// The positions a model can embed: `max_position_embeddings` (within a
+/// sliding window in use), less the rows (XLM-)RoBERTa spends on numbering
+/// from the padding index + 1.
 fn positions(config: &Value) -> Option<u64> {
     let rows = config["max_position_embeddings"].as_u64()?;
     // CamemBERT numbers positions as RoBERTa does.
     let roberta = config["model_type"].as_str().is_some_and(|t| t.contains("roberta") || t == "camembert");
     let pad = config["pad_token_id"].as_u64().unwrap_or(1);
+    // A sliding window in use (Mistral's): the graph attends in full, the
+    // same as the window for inputs no longer than it.
+    let window = config["sliding_window"].as_u64().filter(|_| config["use_sliding_window"].as_bool() != Some(false));
+    let rows = window.map_or(rows, |w| rows.min(w));
     Some(if roberta { rows.saturating_sub(pad + 1) } else { rows })
 }
 
@@ -392,11 +402,11 @@ mod tests {
 
     #[test]
     fn refusals_say_what_and_why() {
-        let llama = repo(&[("config.json", r#"{"architectures": ["LlamaForCausalLM"]}"#)]);
-        let e = StModel::read(llama.path(), "org/llm", false).unwrap_err();
+        let neox = repo(&[("config.json", r#"{"architectures": ["GPTNeoXForCausalLM"]}"#)]);
+        let e = StModel::read(neox.path(), "org/llm", false).unwrap_err();
         assert!(matches!(e, PullError::Unsupported(_)), "{e:?}");
         let e = e.to_string();
-        assert!(e.contains("LlamaForCausalLM") && e.contains("BertModel") && e.contains("optimum-cli export onnx --model org/llm"), "{e}");
+        assert!(e.contains("GPTNeoXForCausalLM") && e.contains("BertModel") && e.contains("optimum-cli export onnx --model org/llm"), "{e}");
         let dense = repo(&[("config.json", BERT), ("modules.json", r#"[{"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#)]);
         assert!(StModel::read(dense.path(), "org/d", false).unwrap_err().to_string().contains("Dense"));
         let two = repo(&[

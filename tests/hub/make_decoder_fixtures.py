@@ -2,7 +2,7 @@
 """Makes the decoder embedders' fixtures once, with torch, transformers and
 sentence-transformers (not in CI: the fixtures are committed, kilobytes each).
 
-For each family (qwen3, qwen2): a tiny random model (2 layers, hidden 64,
+For each family (qwen3, qwen2, mistral, llama): a tiny random model (2 layers, hidden 64,
 4 query and 2 key/value heads) written by transformers' own save_pretrained,
 a small byte-level BPE tokenizer trained on tests/fixtures/texts.json that
 appends the end-of-text token as Qwen3-Embedding's does, and the files
@@ -12,7 +12,7 @@ Beside each, reference.json: sentence-transformers' own vectors for the
 texts, with and without prompt_name="query", one text at a time and as one
 padded batch.
 
-    python3 tests/hub/make_decoder_fixtures.py OUT_DIR
+    python3 tests/hub/make_decoder_fixtures.py OUT_DIR [FAMILY ...]
 """
 import json
 import sys
@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model
+from transformers import (LlamaConfig, LlamaModel, MistralConfig, MistralModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2Model,
+                          Qwen3Config, Qwen3Model)
 
 HERE = Path(__file__).resolve().parent
 TEXTS = json.loads((HERE.parent / "fixtures" / "texts.json").read_text())
@@ -78,10 +79,21 @@ def family(name, config_cls, model_cls, out, extra):
     }))
 
 
+FAMILIES = [
+    ("qwen3", Qwen3Config, Qwen3Model, {"head_dim": 16}),
+    ("qwen2", Qwen2Config, Qwen2Model, {}),
+    # No sliding window: eeane caps a Mistral's length at its window instead.
+    ("mistral", MistralConfig, MistralModel, {"sliding_window": None}),
+    ("llama", LlamaConfig, LlamaModel, {}),
+]
+
+
 def main():
     out = Path(sys.argv[1])
-    family("qwen3", Qwen3Config, Qwen3Model, out / "qwen3-tiny", {"head_dim": 16})
-    family("qwen2", Qwen2Config, Qwen2Model, out / "qwen2-tiny", {})
+    only = set(sys.argv[2:])
+    for name, config_cls, model_cls, extra in FAMILIES:
+        if not only or name in only:
+            family(name, config_cls, model_cls, out / f"{name}-tiny", extra)
 
 
 if __name__ == "__main__":

