@@ -23,6 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from graph_builder import GraphBuilder
+
 OPSET = 17  # LayerNormalization is a single op from 17 on
 
 
@@ -106,23 +108,9 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
     if cfg.get("position_embedding_type", "absolute") != "absolute":
         raise SystemExit("only absolute position embeddings are supported")
 
-    inits, nodes = [], []
-
-    def const(name, array):
-        inits.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def weight(name, transpose=False):
-        array = weights[p + name].astype(np.float32)
-        return const(name, array.T.copy() if transpose else array)
-
-    counter = [0]
-
-    def node(op, inputs, **attrs):
-        counter[0] += 1
-        out = f"{op.lower()}_{counter[0]}"
-        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        return out
+    builder = GraphBuilder(weights, p)
+    const, weight, node = builder.const, builder.weight, builder.node
+    inits, nodes = builder.inits, builder.nodes
 
     def layer_norm(x, prefix):
         return node("LayerNormalization", [x, weight(prefix + ".weight"), weight(prefix + ".bias")], axis=-1, epsilon=eps)

@@ -20,7 +20,9 @@ import math
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from graph_builder import GraphBuilder
 
 OPSET = 17
 
@@ -71,23 +73,10 @@ def build_graph(weights, cfg):
     p = _prefix(weights)
     hidden, heads, kv_heads, hd = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"]
     group = heads // kv_heads
-    inits, nodes = [], []
 
-    def const(name, array):
-        inits.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def weight(name, transpose=False):
-        array = weights[p + name].astype(np.float32)
-        return const(name, array.T.copy() if transpose else array)
-
-    counter = [0]
-
-    def node(op, inputs, **attrs):
-        counter[0] += 1
-        out = f"{op.lower()}_{counter[0]}"
-        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        return out
+    builder = GraphBuilder(weights, p)
+    const, weight, node = builder.const, builder.weight, builder.node
+    inits, nodes = builder.inits, builder.nodes
 
     def linear(x, prefix):
         y = node("MatMul", [x, weight(prefix + ".weight", transpose=True)])

@@ -430,6 +430,18 @@ fn pulled_models_serve_what_the_repository_declares() {
     }
 }
 
+/// A config serving each of `repos`, from the entries `eeane pull` prints.
+fn pulled_config(hub: &LookAlike, home: &Path, repos: &[impl AsRef<str>]) -> String {
+    let mut config = String::from("[server]\nport = 0\n\n");
+    for repo in repos.iter().map(AsRef::as_ref) {
+        let pulled = pull_with(&[], home, &hub.endpoint, &format!("hf:{repo}"), &[]);
+        assert!(pulled.ok, "{repo}: {}", pulled.stderr);
+        config += &pulled.stdout;
+        config += "\n";
+    }
+    config
+}
+
 /// Decoder embedders built from safetensors (tests/hub/fixtures: tiny random
 /// Qwen3, Qwen2, Mistral and Llama written by transformers, their vectors by
 /// sentence-transformers itself): last-token pooling, the end-of-text token
@@ -440,15 +452,9 @@ fn pulled_models_serve_what_the_repository_declares() {
 fn decoder_embedders_serve_sentence_transformers_vectors() {
     let hub = LookAlike::start();
     let home = tempfile::tempdir().unwrap();
-    let mut config = String::from("[server]\nport = 0\n\n");
     let families = ["qwen3-tiny", "qwen2-tiny", "mistral-tiny", "llama-tiny"];
-    for repo in families.map(|f| format!("eeane-test/{f}")) {
-        let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);
-        assert!(pulled.ok, "{repo}: {}", pulled.stderr);
-        assert!(pulled.stdout.contains("pooling = \"last_token\""), "{}", pulled.stdout);
-        config += &pulled.stdout;
-        config += "\n";
-    }
+    let mut config = pulled_config(&hub, home.path(), &families.map(|f| format!("eeane-test/{f}")));
+    assert_eq!(config.matches("pooling = \"last_token\"").count(), families.len(), "{config}");
     let refused = pull_with(&["--engine", "ncnn"], home.path(), &hub.endpoint, "hf:eeane-test/qwen3-tiny", &[]);
     assert!(!refused.ok && refused.stderr.contains("Qwen3Model"), "{}", refused.stderr);
     config += "[[models]]\nid = \"qwen3-openvino\"\nsource = \"hf:eeane-test/qwen3-tiny\"\nengine = \"openvino\"\ndevice = \"CPU\"\n";
@@ -493,13 +499,7 @@ fn dense_modules_and_camembert_serve_what_the_repository_declares() {
     let hub = LookAlike::start();
     let home = tempfile::tempdir().unwrap();
     let repos = ["eeane-test/minilm-dense", "eeane-test/minilm-dense-onnx-only", "eeane-test/minilm-camembert"];
-    let mut config = String::from("[server]\nport = 0\n\n");
-    for repo in repos {
-        let pulled = pull_with(&[], home.path(), &hub.endpoint, &format!("hf:{repo}"), &[]);
-        assert!(pulled.ok, "{repo}: {}", pulled.stderr);
-        config += &pulled.stdout;
-        config += "\n";
-    }
+    let mut config = pulled_config(&hub, home.path(), &repos);
     assert!(config.contains("pooling = \"none\"  # 1_Pooling/config.json (mean) and 2_Dense"), "{config}");
     // ncnn's converted graph does not carry Dense modules: refused before the weights come.
     let refused = pull_with(&["--engine", "ncnn"], home.path(), &hub.endpoint, "hf:eeane-test/minilm-dense", &[]);
