@@ -35,7 +35,36 @@ def _prefix(weights):
     return ""
 
 
-ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert")
+ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "mpnet")
+
+MPNET_LAYER_NAMES = {
+    "attention.attn.q": "attention.self.query",
+    "attention.attn.k": "attention.self.key",
+    "attention.attn.v": "attention.self.value",
+    "attention.attn.o": "attention.output.dense",
+    "attention.LayerNorm": "attention.output.LayerNorm",
+}
+
+
+def relative_position_table(cfg, heads_bias, max_len):
+    """MPNet's attention bias for each distance j - i in [-(max_len - 1),
+    max_len - 1], [2 * max_len - 1, heads]: the bucket of the distance (half
+    the buckets for keys before the query; exact up to a quarter of them, then
+    logarithmic up to max_distance 128) looked up in encoder.relative_attention_bias.
+    The logarithm is taken in float32 and truncated, as transformers does, so
+    that the buckets at the boundaries (distances 16, 32, 64) are the same."""
+    buckets = int(cfg.get("relative_attention_num_buckets", 32)) // 2
+    max_exact = buckets // 2
+    distance = np.arange(-(max_len - 1), max_len, dtype=np.int64)
+    n = -distance
+    bucket = (n < 0).astype(np.int64) * buckets
+    n = np.abs(n)
+    # Distances under max_exact take the exact bucket; the log is for the others.
+    large = max_exact + (np.log(np.maximum(n, max_exact).astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(128 / max_exact))
+                         * np.float32(buckets - max_exact)).astype(np.int64)
+    large = np.minimum(large, buckets - 1)
+    bucket += np.where(n < max_exact, n, large)
+    return np.asarray(heads_bias, np.float32)[bucket]
 
 DISTILBERT_LAYER_NAMES = {
     "attention.q_lin": "attention.self.query",
@@ -49,6 +78,27 @@ DISTILBERT_LAYER_NAMES = {
 }
 
 
+def as_bert_from_mpnet(weights, cfg):
+    """An MPNet as BERT's names: its q, k, v, o and attention LayerNorm
+    renamed, positions numbered from pad_token_id + 1 as RoBERTa's, no token
+    types (a zero row), and its relative attention bias kept under its own
+    name, which the graph and the numpy network add to every layer's scores."""
+    w = {(k[len("mpnet."):] if k.startswith("mpnet.") else k): v for k, v in weights.items()}
+    renamed = {}
+    for k, v in w.items():
+        if k.startswith("encoder.layer."):
+            _, _, i, rest = k.split(".", 3)
+            stem, suffix = rest.rsplit(".", 1)
+            k = f"encoder.layer.{i}.{MPNET_LAYER_NAMES.get(stem, stem)}.{suffix}"
+        renamed[k] = v
+    offset = int(cfg.get("pad_token_id", 1)) + 1
+    renamed["embeddings.position_embeddings.weight"] = renamed["embeddings.position_embeddings.weight"][offset:]
+    hidden = int(cfg["hidden_size"])
+    renamed["embeddings.token_type_embeddings.weight"] = np.zeros((1, hidden), np.float32)
+    return renamed, {**cfg, "model_type": "bert", "type_vocab_size": 1, "pooler_activation": "tanh",
+                     "max_position_embeddings": int(cfg["max_position_embeddings"]) - offset}
+
+
 def as_bert(weights, cfg):
     """A RoBERTa, XLM-RoBERTa, CamemBERT or DistilBERT checkpoint as the BERT encoder it
     computes, so that one graph builder and one numpy network serve all four:
@@ -60,6 +110,8 @@ def as_bert(weights, cfg):
       names, and a head of pre_classifier, ReLU, classifier.
     Returns (weights, cfg) with BERT's names and a "pooler_activation"."""
     kind = cfg.get("model_type", "bert")
+    if kind == "mpnet":
+        return as_bert_from_mpnet(weights, cfg)
     if kind not in ARCHITECTURES:
         raise SystemExit(f"model_type {kind!r}: graphs are built for {', '.join(ARCHITECTURES)}")
     if kind == "bert":
@@ -156,6 +208,18 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
         bias = node("Unsqueeze", [bias, const("axes_1", np.array([1], np.int64))])
     elif not fusable:
         bias = node("Unsqueeze", [bias, const("axes_1_2", np.array([1, 2], np.int64))])
+
+    if "encoder.relative_attention_bias.weight" in weights:
+        if ncnn_friendly or fusable:
+            raise SystemExit("MPNet's relative attention bias: built for ONNX Runtime and OpenVINO's graph only")
+        # [1, heads, S, S]: the table's row for each (query i, key j) at j - i + max_len - 1.
+        max_len = int(cfg["max_position_embeddings"])
+        table = const("relative_bias_table", relative_position_table(cfg, weights["encoder.relative_attention_bias.weight"], max_len))
+        keys = node("Unsqueeze", [positions, const("axes_0", np.array([0], np.int64))])
+        queries = node("Unsqueeze", [positions, const("axes_1_q", np.array([1], np.int64))])
+        index = node("Add", [node("Sub", [keys, queries]), const("distance_offset", np.array(max_len - 1, np.int64))])
+        relative = node("Unsqueeze", [node("Transpose", [node("Gather", [table, index])], perm=[2, 0, 1]), "axes_0"])
+        bias = node("Add", [bias, relative])
 
     split_shape = const("split_heads", np.array([0, 0, heads, head_dim], np.int64))
     merge_shape = const("merge_heads", np.array([0, 0, hidden], np.int64))
@@ -342,11 +406,18 @@ def numpy_forward(weights, cfg, ids, type_ids=None):
     x = ln(x + w("embeddings.token_type_embeddings.weight")[type_ids], "embeddings.LayerNorm")
     seq, hidden = x.shape
     d = hidden // heads
+    relative = 0.0
+    if "encoder.relative_attention_bias.weight" in weights:
+        # MPNet's bias, [heads, S, S], by each key's distance from the query.
+        max_len = int(cfg["max_position_embeddings"])
+        table = relative_position_table(cfg, weights["encoder.relative_attention_bias.weight"], max_len).astype(np.float64)
+        at = np.arange(seq)
+        relative = table[at[None, :] - at[:, None] + max_len - 1].transpose(2, 0, 1)
     for i in range(cfg["num_hidden_layers"]):
         lp = f"encoder.layer.{i}"
         split = lambda t: t.reshape(seq, heads, d).transpose(1, 0, 2)
         q, k, v = (split(lin(x, f"{lp}.attention.self.{n}")) for n in ("query", "key", "value"))
-        s = q @ k.transpose(0, 2, 1) / m.sqrt(d)
+        s = q @ k.transpose(0, 2, 1) / m.sqrt(d) + relative
         s = np.exp(s - s.max(-1, keepdims=True))
         ctx = ((s / s.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(seq, hidden)
         x = ln(lin(ctx, lp + ".attention.output.dense") + x, lp + ".attention.output.LayerNorm")

@@ -442,21 +442,25 @@ fn pulled_config(hub: &LookAlike, home: &Path, repos: &[impl AsRef<str>]) -> Str
     config
 }
 
-/// Decoder embedders built from safetensors (tests/hub/fixtures: tiny random
-/// Qwen3, Qwen2, Mistral and Llama written by transformers, their vectors by
-/// sentence-transformers itself): last-token pooling, the end-of-text token
-/// the tokenizer appends, the query prompt; one text a request, one padded
-/// batch of mixed lengths, and with the prompt, each against
-/// sentence-transformers' own vectors, on ONNX Runtime and OpenVINO.
+/// Decoder embedders and an MPNet built from safetensors (tests/hub/fixtures:
+/// tiny random Qwen3, Qwen2, Mistral, Llama and MPNet written by
+/// transformers, their vectors by sentence-transformers itself): last-token
+/// pooling with the end-of-text token the tokenizer appends, MPNet's relative
+/// position buckets, the query prompt; one text a request, one padded batch
+/// of mixed lengths, and with the prompt, each against sentence-transformers'
+/// own vectors, on ONNX Runtime and OpenVINO.
 #[test]
-fn decoder_embedders_serve_sentence_transformers_vectors() {
+fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
     let hub = LookAlike::start();
     let home = tempfile::tempdir().unwrap();
-    let families = ["qwen3-tiny", "qwen2-tiny", "mistral-tiny", "llama-tiny"];
+    let families = ["qwen3-tiny", "qwen2-tiny", "mistral-tiny", "llama-tiny", "mpnet-tiny"];
     let mut config = pulled_config(&hub, home.path(), &families.map(|f| format!("eeane-test/{f}")));
-    assert_eq!(config.matches("pooling = \"last_token\"").count(), families.len(), "{config}");
-    let refused = pull_with(&["--engine", "ncnn"], home.path(), &hub.endpoint, "hf:eeane-test/qwen3-tiny", &[]);
-    assert!(!refused.ok && refused.stderr.contains("Qwen3Model"), "{}", refused.stderr);
+    // The four decoders pool by their last token; the MPNet by the mean.
+    assert_eq!(config.matches("pooling = \"last_token\"").count(), 4, "{config}");
+    for (repo, architecture) in [("qwen3-tiny", "Qwen3Model"), ("mpnet-tiny", "MPNetModel")] {
+        let refused = pull_with(&["--engine", "ncnn"], home.path(), &hub.endpoint, &format!("hf:eeane-test/{repo}"), &[]);
+        assert!(!refused.ok && refused.stderr.contains(architecture), "{}", refused.stderr);
+    }
     config += "[[models]]\nid = \"qwen3-openvino\"\nsource = \"hf:eeane-test/qwen3-tiny\"\nengine = \"openvino\"\ndevice = \"CPU\"\n";
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures");

@@ -141,10 +141,10 @@ pub fn resolve(source: &str, downloads: bool, target: &Target) -> Result<Resolve
 /// safetensors ignores the repository's own ONNX, and may serve embeddings only.
 fn read_for(dir: &Path, repo: &str, ships_onnx: bool, target: &Target) -> Result<StModel, PullError> {
     let model = StModel::read(dir, repo, ships_onnx && target.reads_repository_onnx())?;
-    if model.onnx.is_none() && super::st::DECODERS.contains(&model.architecture.as_str()) && !target.reads_repository_onnx() {
+    if model.onnx.is_none() && super::st::ONNX_ONLY.contains(&model.architecture.as_str()) && !target.reads_repository_onnx() {
         let default = crate::engines::default_engine().name();
         return Err(PullError::Unsupported(format!(
-            "{repo} is a {}; the {} engine's graph is converted from encoder (BERT-family) graphs only (use engine = {default:?})",
+            "{repo} is a {}; the {} engine's graph is converted from BERT, RoBERTa, XLM-RoBERTa and DistilBERT graphs only (use engine = {default:?})",
             model.architecture, target.engine
         )));
     }

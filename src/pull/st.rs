@@ -11,15 +11,28 @@ use std::path::Path;
 
 use serde_json::Value;
 
-/// Decoder embedders whose graph eeane builds from safetensors
-/// (`models/decoder_onnx.py`); engines that convert from the BERT builder's
-/// graph (ncnn) do not take them.
-pub const DECODERS: &[&str] =
-    &["Qwen3Model", "Qwen3ForCausalLM", "Qwen2Model", "Qwen2ForCausalLM", "MistralModel", "MistralForCausalLM", "LlamaModel", "LlamaForCausalLM"];
+/// Architectures whose graph eeane builds for the ONNX engines only: the
+/// decoder embedders (`models/decoder_onnx.py`) and MPNet (its relative
+/// position bias); an engine that converts from the BERT builder's graph
+/// (ncnn) does not take them.
+pub const ONNX_ONLY: &[&str] = &[
+    "Qwen3Model",
+    "Qwen3ForCausalLM",
+    "Qwen2Model",
+    "Qwen2ForCausalLM",
+    "MistralModel",
+    "MistralForCausalLM",
+    "LlamaModel",
+    "LlamaForCausalLM",
+    "MPNetModel",
+    "MPNetForMaskedLM",
+];
 
 /// Architectures whose graph eeane builds from safetensors (`models/bert_onnx.py`,
-/// and `DECODERS`).
+/// and `models/decoder_onnx.py` for the decoders).
 pub const BUILT_FROM_SAFETENSORS: &[&str] = &[
+    "MPNetModel",
+    "MPNetForMaskedLM",
     "Qwen3Model",
     "Qwen3ForCausalLM",
     "Qwen2Model",
@@ -50,8 +63,8 @@ pub const BUILT_FROM_SAFETENSORS: &[&str] = &[
 /// from the padding index + 1.
 fn positions(config: &Value) -> Option<u64> {
     let rows = config["max_position_embeddings"].as_u64()?;
-    // CamemBERT numbers positions as RoBERTa does.
-    let roberta = config["model_type"].as_str().is_some_and(|t| t.contains("roberta") || t == "camembert");
+    // CamemBERT and MPNet number positions as RoBERTa does.
+    let roberta = config["model_type"].as_str().is_some_and(|t| t.contains("roberta") || t == "camembert" || t == "mpnet");
     let pad = config["pad_token_id"].as_u64().unwrap_or(1);
     // A sliding window in use (Mistral's): the graph attends in full, the
     // same as the window for inputs no longer than it.

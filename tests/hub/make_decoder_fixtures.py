@@ -2,8 +2,9 @@
 """Makes the decoder embedders' fixtures once, with torch, transformers and
 sentence-transformers (not in CI: the fixtures are committed, kilobytes each).
 
-For each family (qwen3, qwen2, mistral, llama): a tiny random model (2 layers, hidden 64,
-4 query and 2 key/value heads) written by transformers' own save_pretrained,
+For each family (qwen3, qwen2, mistral, llama; and the encoder mpnet): a
+tiny random model (2 layers, hidden 64, 4 query and, for decoders, 2
+key/value heads) written by transformers' own save_pretrained,
 a small byte-level BPE tokenizer trained on tests/fixtures/texts.json that
 appends the end-of-text token as Qwen3-Embedding's does, and the files
 sentence-transformers writes (modules.json, 1_Pooling with last-token
@@ -22,8 +23,8 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors, trainers
-from transformers import (LlamaConfig, LlamaModel, MistralConfig, MistralModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2Model,
-                          Qwen3Config, Qwen3Model)
+from transformers import (LlamaConfig, LlamaModel, MistralConfig, MistralModel, MPNetConfig, MPNetModel, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model)
 
 HERE = Path(__file__).resolve().parent
 TEXTS = json.loads((HERE.parent / "fixtures" / "texts.json").read_text())
@@ -43,13 +44,38 @@ def tokenizer(out):
     return fast.vocab_size, eos
 
 
+def encoder_tokenizer(out):
+    """A byte-level BPE with RoBERTa's specials (<s>=0, <pad>=1, </s>=2),
+    wrapping each text as <s> ... </s>."""
+    tok = Tokenizer(tok_models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 4, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+                                                       special_tokens=[("<s>", 0), ("</s>", 2)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                                   model_max_length=128)
+    fast.save_pretrained(out)
+    return fast.vocab_size
+
+
 def family(name, config_cls, model_cls, out, extra):
     out.mkdir(parents=True, exist_ok=True)
-    vocab, eos = tokenizer(out)
     torch.manual_seed(20261204)
-    config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=512, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                        eos_token_id=eos, pad_token_id=eos, bos_token_id=eos, tie_word_embeddings=False, **extra)
+    if name == "mpnet":
+        vocab = encoder_tokenizer(out)
+        config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            max_position_embeddings=514, relative_attention_num_buckets=32, pad_token_id=1, bos_token_id=0,
+                            eos_token_id=2, **extra)
+        pooling_mode = "mean"
+    else:
+        vocab, eos = tokenizer(out)
+        config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=512, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                            eos_token_id=eos, pad_token_id=eos, bos_token_id=eos, tie_word_embeddings=False, **extra)
+        pooling_mode = "lasttoken"
     model = model_cls(config).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -60,7 +86,7 @@ def family(name, config_cls, model_cls, out, extra):
                 p.add_(1.0)
     model.save_pretrained(out, safe_serialization=True)
     transformer = models.Transformer(str(out), max_seq_length=128)
-    pooling = models.Pooling(64, pooling_mode="lasttoken")
+    pooling = models.Pooling(64, pooling_mode=pooling_mode)
     st = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
                              prompts={"query": "Instruct: Given a question, retrieve passages that answer it\nQuery: "})
     st.save(str(out))
@@ -85,6 +111,8 @@ FAMILIES = [
     # No sliding window: eeane caps a Mistral's length at its window instead.
     ("mistral", MistralConfig, MistralModel, {"sliding_window": None}),
     ("llama", LlamaConfig, LlamaModel, {}),
+    # An encoder whose relative position buckets no other family here has.
+    ("mpnet", MPNetConfig, MPNetModel, {}),
 ]
 
 
