@@ -462,6 +462,8 @@ fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
         assert!(!refused.ok && refused.stderr.contains(architecture), "{}", refused.stderr);
     }
     config += "[[models]]\nid = \"qwen3-openvino\"\nsource = \"hf:eeane-test/qwen3-tiny\"\nengine = \"openvino\"\ndevice = \"CPU\"\n";
+    // precision = "auto" on a Hub decoder: the variants this CPU offers, gated against its fp32 graph.
+    config += "[[models]]\nid = \"qwen3-auto\"\nsource = \"hf:eeane-test/qwen3-tiny\"\nprecision = \"auto\"\n";
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures");
     let served = families.map(|f| (format!("eeane-test/{f}"), f)).into_iter().chain([("qwen3-openvino".to_string(), "qwen3-tiny")]);
@@ -491,6 +493,31 @@ fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
             assert!(cosine >= 0.9999, "{model}: {what}: min cosine {cosine}");
         }
     }
+    // The auto entry: served at once by its fp32 reference, then by the
+    // variant its survey chose within cosine 0.9999, both held to
+    // sentence-transformers.
+    let reference: Value = serde_json::from_slice(&std::fs::read(fixtures.join("qwen3-tiny/reference.json")).unwrap()).unwrap();
+    let texts = reference["texts"].as_array().unwrap();
+    let cosine_to_reference = |model: &str| {
+        let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": texts}));
+        assert_eq!(status, 200, "{model}: {response}");
+        common::vectors(&response).iter().zip(reference["batch"].as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min)
+    };
+    let first = cosine_to_reference("qwen3-auto");
+    let mut health = server.model_health("qwen3-auto");
+    for _ in 0..1200 {
+        if health["survey"]["state"] != "running" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        health = server.model_health("qwen3-auto");
+    }
+    assert_eq!(health["survey"]["state"], "done", "{health}");
+    let after = cosine_to_reference("qwen3-auto");
+    let variant = &server.model_health("qwen3-auto")["variant"];
+    println!("qwen3-auto: fp32 reference first, min cosine {first:.8}; then {}, min cosine {after:.8}: {}", variant["chosen"], variant["reason"]);
+    assert!(first >= 0.9999 && after >= 0.9999, "{first} {after}");
+    assert!(health["survey"]["variants"].as_u64().unwrap() >= 2, "{health}");
 }
 
 /// A Dense module after pooling (tests/hub/make_repos.py: 384 -> 128, tanh,
