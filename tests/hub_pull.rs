@@ -464,6 +464,14 @@ fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
     config += "[[models]]\nid = \"qwen3-openvino\"\nsource = \"hf:eeane-test/qwen3-tiny\"\nengine = \"openvino\"\ndevice = \"CPU\"\n";
     // precision = "auto" on a Hub decoder: the variants this CPU offers, gated against its fp32 graph.
     config += "[[models]]\nid = \"qwen3-auto\"\nsource = \"hf:eeane-test/qwen3-tiny\"\nprecision = \"auto\"\n";
+    // A survey kept in the prepared model's manifest by an earlier run would be
+    // read instead of run: this run starts from none.
+    let manifest_path = common::cache_dir().join("models/hf--eeane-test--qwen3-tiny/manifest.json");
+    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    if let Some(kept) = manifest.get_mut("variants").and_then(Value::as_object_mut) {
+        kept.remove("qwen3-auto");
+    }
+    std::fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures");
     let served = families.map(|f| (format!("eeane-test/{f}"), f)).into_iter().chain([("qwen3-openvino".to_string(), "qwen3-tiny")]);
