@@ -78,6 +78,14 @@ DISTILBERT_LAYER_NAMES = {
 }
 
 
+def _bert_layer_name(key, names):
+    """`PART.layer.I.STEM.SUFFIX` as BERT's `encoder.layer.I.{names[STEM]}.SUFFIX`
+    (a stem `names` does not list keeps its name)."""
+    _, _, i, rest = key.split(".", 3)
+    stem, suffix = rest.rsplit(".", 1)
+    return f"encoder.layer.{i}.{names.get(stem, stem)}.{suffix}"
+
+
 def as_bert_from_mpnet(weights, cfg):
     """An MPNet as BERT's names: its q, k, v, o and attention LayerNorm
     renamed, positions numbered from pad_token_id + 1 as RoBERTa's, no token
@@ -87,9 +95,7 @@ def as_bert_from_mpnet(weights, cfg):
     renamed = {}
     for k, v in w.items():
         if k.startswith("encoder.layer."):
-            _, _, i, rest = k.split(".", 3)
-            stem, suffix = rest.rsplit(".", 1)
-            k = f"encoder.layer.{i}.{MPNET_LAYER_NAMES.get(stem, stem)}.{suffix}"
+            k = _bert_layer_name(k, MPNET_LAYER_NAMES)
         renamed[k] = v
     offset = int(cfg.get("pad_token_id", 1)) + 1
     renamed["embeddings.position_embeddings.weight"] = renamed["embeddings.position_embeddings.weight"][offset:]
@@ -123,9 +129,7 @@ def as_bert(weights, cfg):
         renamed = {}
         for k, v in w.items():
             if k.startswith("transformer.layer."):
-                _, _, i, rest = k.split(".", 3)
-                stem, suffix = rest.rsplit(".", 1)
-                k = f"encoder.layer.{i}.{DISTILBERT_LAYER_NAMES[stem]}.{suffix}"
+                k = _bert_layer_name(k, DISTILBERT_LAYER_NAMES)
             elif k.startswith("pre_classifier."):
                 k = "pooler.dense." + k.split(".", 1)[1]
             renamed[k] = v

@@ -28,19 +28,10 @@ pub const ONNX_ONLY: &[&str] = &[
     "MPNetForMaskedLM",
 ];
 
-/// Architectures whose graph eeane builds from safetensors (`models/bert_onnx.py`,
-/// and `models/decoder_onnx.py` for the decoders).
-pub const BUILT_FROM_SAFETENSORS: &[&str] = &[
-    "MPNetModel",
-    "MPNetForMaskedLM",
-    "Qwen3Model",
-    "Qwen3ForCausalLM",
-    "Qwen2Model",
-    "Qwen2ForCausalLM",
-    "MistralModel",
-    "MistralForCausalLM",
-    "LlamaModel",
-    "LlamaForCausalLM",
+/// Encoders whose graph eeane builds from safetensors (`models/bert_onnx.py`),
+/// which ncnn's converter takes too; with `ONNX_ONLY`, every architecture
+/// built from safetensors.
+pub const CONVERTIBLE_ENCODERS: &[&str] = &[
     "BertModel",
     "BertForMaskedLM",
     "BertForPreTraining",
@@ -138,7 +129,7 @@ pub fn unsupported(repo: &str, architecture: &str) -> String {
     format!(
         "{repo} is a {architecture}; eeane builds graphs from safetensors for {} only, and serves any architecture from an ONNX file. \
          Export one with `optimum-cli export onnx --model {repo} --task feature-extraction {}-onnx/` and serve its model.onnx with engine = {:?}",
-        BUILT_FROM_SAFETENSORS.join(", "),
+        CONVERTIBLE_ENCODERS.iter().chain(ONNX_ONLY).copied().collect::<Vec<_>>().join(", "),
         repo.rsplit('/').next().unwrap_or(repo),
         crate::engines::default_engine().name()
     )
@@ -151,7 +142,7 @@ impl StModel {
         let config = read_json(dir, "config.json")?.ok_or_else(|| PullError::Unsupported(format!("{repo} has no config.json: not a transformers model")))?;
         let architecture = config["architectures"].get(0).and_then(Value::as_str).unwrap_or("").to_string();
         let onnx = (ships_onnx || dir.join("onnx/model.onnx").is_file()).then(|| "onnx/model.onnx".to_string());
-        if onnx.is_none() && !BUILT_FROM_SAFETENSORS.contains(&architecture.as_str()) {
+        if onnx.is_none() && !CONVERTIBLE_ENCODERS.iter().chain(ONNX_ONLY).any(|a| *a == architecture) {
             return Err(PullError::Unsupported(unsupported(repo, if architecture.is_empty() { "model without `architectures`" } else { &architecture })));
         }
         if architecture.ends_with("ForSequenceClassification") {
