@@ -1,18 +1,24 @@
 """Build an fp32 ONNX graph of a decoder embedder (Qwen3, Qwen2, Llama,
-Mistral) from its safetensors, without torch.
+Mistral; Gemma3 text, as EmbeddingGemma) from its safetensors, without torch.
 
 The graph takes input_ids and attention_mask (int64 [B, S], right-padded)
-and returns last_hidden_state [B, S, H] after the final RMSNorm; pooling
-(the last real token's state, for these models) stays in eeane's shared
-code, which reads each row's length, so padding never moves the token it
-takes. Per layer, as transformers computes it:
-- RMSNorm: x / sqrt(mean(x^2) + eps) * weight;
+and returns last_hidden_state [B, S, H] after the final norm; pooling (the
+last real token's state, or the mean for EmbeddingGemma) stays in eeane's
+shared code or the appended sentence-transformers tail, which read each
+row's length, so padding never moves what they take. Per layer, as
+transformers computes it:
+- RMSNorm: x / sqrt(mean(x^2) + eps) * weight, or * (1 + weight) for Gemma;
 - attention with grouped query heads (each key/value head serves
   num_attention_heads / num_key_value_heads query heads), Qwen2's q/k/v
-  biases, Qwen3's RMSNorm of each query and key head, RoPE with the config's
-  theta on positions 0..S-1 (rotate-half layout), scores scaled by
-  1/sqrt(head_dim), causal, padded keys masked;
-- SwiGLU: down(silu(gate(x)) * up(x)).
+  biases, Qwen3's and Gemma3's RMSNorm of each query and key head, RoPE on
+  positions 0..S-1 (rotate-half layout) with the theta of the layer's type,
+  scores scaled by 1/sqrt(head_dim) (Gemma: 1/sqrt(query_pre_attn_scalar)),
+  causal unless the config asks for bidirectional attention, sliding-window
+  layers limited to their window, padded keys masked;
+- the gated MLP: down(act(gate(x)) * up(x)), act silu (SwiGLU) or Gemma's
+  tanh-approximated GELU (GeGLU);
+- Gemma3 only: embeddings scaled by sqrt(hidden), and norms after attention
+  and around the MLP as well as before attention.
 `numpy_forward` is an independent float64 implementation of the same
 network, used to check the graph before it is published.
 """
@@ -22,45 +28,87 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from graph_builder import GraphBuilder
+from graph_builder import GraphBuilder, gelu_tanh, numpy_allowed, numpy_attention, numpy_rope
 
 OPSET = 17
 
-FAMILIES = ("qwen3", "qwen2", "llama", "mistral")
+FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "gemma3_text")
+
+# Activations of the gated MLP, by config name.
+SILU = ("silu", "swish")
+GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
 
 
 class Unsupported(SystemExit):
     pass
 
 
+def _rope_theta(cfg, layer_type, gemma):
+    """The RoPE theta of a layer type: transformers 5's rope_parameters (one
+    dict, or one per layer type), else 4's rope_theta and, for Gemma3's
+    sliding layers, rope_local_base_freq. Non-default RoPE is refused."""
+    params = cfg.get("rope_parameters") or {}
+    if layer_type in params:
+        params = params[layer_type]
+    scaling = cfg.get("rope_scaling") or {}
+    if gemma and layer_type == "sliding_attention":
+        scaling = {}  # transformers applies Gemma3's rope_scaling to its full-attention layers only
+    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type != "default":
+        raise Unsupported(f"rope type {rope_type!r} (rope_scaling): eeane builds the default RoPE only")
+    if params.get("rope_theta"):
+        return float(params["rope_theta"])
+    if gemma and layer_type == "sliding_attention":
+        return float(cfg.get("rope_local_base_freq") or 10000.0)
+    return float(cfg.get("rope_theta") or (1000000.0 if gemma else 10000.0))
+
+
 def shape(cfg):
-    """The network's sizes and options from config.json (transformers 4's
-    top-level rope_theta, or 5's rope_parameters); what it does not build is
-    refused, naming the key."""
+    """The network's sizes and options from config.json; what it does not
+    build is refused, naming the key."""
     kind = cfg.get("model_type")
     if kind not in FAMILIES:
         raise Unsupported(f"model_type {kind!r}: decoder graphs are built for {', '.join(FAMILIES)}")
-    rope = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise Unsupported(f"rope type {rope_type!r} (rope_scaling): eeane builds the default RoPE only")
-    if cfg.get("use_sliding_window") or any(t != "full_attention" for t in cfg.get("layer_types") or []):
-        raise Unsupported("sliding-window attention layers: eeane builds full attention only")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise Unsupported(f"hidden_act {cfg.get('hidden_act')!r}: eeane builds SwiGLU with silu")
+    gemma = kind == "gemma3_text"
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
+    layers = int(cfg["num_hidden_layers"])
+    bidirectional = bool(cfg.get("use_bidirectional_attention"))
+    layer_types = cfg.get("layer_types")
+    if not layer_types:
+        if gemma:
+            pattern = int(cfg.get("sliding_window_pattern") or 6)
+            layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        else:
+            layer_types = ["full_attention"] * layers
+    if not gemma and (cfg.get("use_sliding_window") or any(t != "full_attention" for t in layer_types)):
+        raise Unsupported("sliding-window attention layers: eeane builds them for Gemma3 only")
+    window = None
+    if "sliding_attention" in layer_types:
+        size = int(cfg["sliding_window"])
+        # transformers 5 (Gemma3TextConfig) turns a bidirectional model's
+        # window w into w // 2 + 1, exclusive on both sides.
+        window = ("within", size // 2) if bidirectional else ("before", size)
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ("gelu_pytorch_tanh" if gemma else "silu")
+    if act not in SILU + GELU_TANH:
+        raise Unsupported(f"hidden activation {act!r}: eeane builds gated MLPs with silu or tanh-approximated gelu")
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
     return {
         "kind": kind,
+        "gemma": gemma,
         "hidden": hidden,
         "heads": heads,
         "kv_heads": int(cfg.get("num_key_value_heads") or heads),
-        "head_dim": int(cfg.get("head_dim") or hidden // heads),
-        "layers": int(cfg["num_hidden_layers"]),
+        "head_dim": head_dim,
+        "layers": layers,
         "eps": float(cfg.get("rms_norm_eps", 1e-6)),
-        "theta": float(rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0),
-        "qk_norm": kind == "qwen3",
+        "causal": not bidirectional,
+        "layer_rope": [_rope_theta(cfg, t, gemma) for t in layer_types[:layers]],
+        "layer_window": [window if t == "sliding_attention" else None for t in layer_types[:layers]],
+        "scale": float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5 if gemma else 1.0 / math.sqrt(head_dim),
+        "softcap": cfg.get("attn_logit_softcapping") if gemma else None,
+        "gelu": act in GELU_TANH,
+        "qk_norm": kind in ("qwen3", "gemma3_text"),
     }
 
 
@@ -75,57 +123,41 @@ def build_graph(weights, cfg):
     group = heads // kv_heads
 
     builder = GraphBuilder(weights, p)
-    const, weight, node = builder.const, builder.weight, builder.node
-    inits, nodes = builder.inits, builder.nodes
+    const, weight, node, constant = builder.const, builder.weight, builder.node, builder.constant
+    nodes = builder.nodes
 
     def linear(x, prefix):
         y = node("MatMul", [x, weight(prefix + ".weight", transpose=True)])
         return node("Add", [y, weight(prefix + ".bias")]) if p + prefix + ".bias" in weights else y
 
     eps = const("eps", np.array(s["eps"], np.float32))
-    last_axis = const("last_axis", np.array([-1], np.int64))
 
     def rms_norm(x, name):
         mean_square = node("ReduceMean", [node("Mul", [x, x])], axes=[-1], keepdims=1)
-        return node("Mul", [node("Div", [x, node("Sqrt", [node("Add", [mean_square, eps])])]), weight(name)])
+        return node("Mul", [node("Div", [x, node("Sqrt", [node("Add", [mean_square, eps])])]), weight(name, plus_one=s["gemma"])])
 
-    # Positions 0..S-1 and their RoPE tables [S, head_dim].
-    one = const("one_i64", np.array(1, np.int64))
-    seq = node("Gather", [node("Shape", ["input_ids"]), one], axis=0)
-    positions = node("Cast", [node("Range", [const("zero_i64", np.array(0, np.int64)), seq, one])], to=TensorProto.FLOAT)
-    inv_freq = 1.0 / (s["theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
-    freqs = node("MatMul", [node("Unsqueeze", [positions, const("axis_1", np.array([1], np.int64))]),
-                            const("inv_freq", inv_freq.astype(np.float32).reshape(1, -1))])
-    angles = node("Concat", [freqs, freqs], axis=-1)
-    cos, sin = node("Cos", [angles]), node("Sin", [angles])
-    half = hd // 2
-    first_half = (const("h0", np.array([0], np.int64)), const("h1", np.array([half], np.int64)))
-    second_half = (const("h2", np.array([half], np.int64)), const("h3", np.array([hd], np.int64)))
-
-    def rope(x):
-        x1 = node("Slice", [x, *first_half, last_axis])
-        x2 = node("Slice", [x, *second_half, last_axis])
-        rotated = node("Concat", [node("Neg", [x2]), x1], axis=-1)
-        return node("Add", [node("Mul", [x, cos]), node("Mul", [rotated, sin])])
-
-    # Attention bias [B, 1, S, S]: float32 min above the diagonal and at padded keys.
-    rows = node("Unsqueeze", [node("Range", ["zero_i64", seq, one]), const("axis_1b", np.array([1], np.int64))])
-    cols = node("Unsqueeze", [node("Range", ["zero_i64", seq, one]), const("axis_0", np.array([0], np.int64))])
-    minimum = const("mask_min", np.array(np.finfo(np.float32).min, np.float32))
-    zero = const("zero_f", np.array(0.0, np.float32))
-    causal = node("Where", [node("Greater", [cols, rows]), minimum, zero])
-    padded = node("Mul", [node("Sub", [const("one_f", np.array(1.0, np.float32)), node("Cast", ["attention_mask"], to=TensorProto.FLOAT)]), minimum])
-    padded = node("Unsqueeze", [padded, const("axes_1_2", np.array([1, 2], np.int64))])
-    # min + min overflows to -inf, which softmax still takes as 0 weight; a
-    # row keeps its own (real) first key, so no row is all -inf.
-    bias = node("Add", [causal, padded])
+    tables = {theta: builder.rope_tables(theta, hd) for theta in sorted(set(s["layer_rope"]))}
+    biases = {window: builder.attention_bias(s["causal"], window) for window in set(s["layer_window"])}
 
     q_shape = const("q_shape", np.array([0, 0, heads, hd], np.int64))
     kv_shape = const("kv_shape", np.array([0, 0, kv_heads, hd], np.int64))
-    scale = const("scale", np.array(1.0 / math.sqrt(hd), np.float32))
+    scale = const("scale", np.array(s["scale"], np.float32))
     merge = const("merge", np.array([0, 0, heads * hd], np.int64))
 
+    def repeat(t):
+        """Each key/value head repeated for its group of query heads: [B, kv, S, d] -> [B, kv * group, S, d]."""
+        t_shape = node("Shape", [t])
+        target = node("Concat", [node("Slice", [t_shape, constant("s0", np.array([0], np.int64)), constant("s1", np.array([2], np.int64))]),
+                                 constant("group", np.array([group], np.int64)),
+                                 node("Slice", [t_shape, constant("s2", np.array([2], np.int64)), constant("s3", np.array([4], np.int64))])],
+                      axis=0)
+        expanded = node("Expand", [node("Unsqueeze", [t, constant("axis", np.array([2], np.int64))]), target])
+        return node("Reshape", [expanded, constant("merge_heads", np.array([0, heads, -1, hd], np.int64))])
+
     x = node("Gather", [weight("embed_tokens.weight"), "input_ids"])
+    if s["gemma"]:
+        # Gemma3TextScaledWordEmbedding: sqrt(hidden), rounded to the weights' dtype (float32 here).
+        x = node("Mul", [x, const("embed_scale", np.array(math.sqrt(hidden), np.float32))])
     for i in range(s["layers"]):
         lp = f"layers.{i}"
         h = rms_norm(x, lp + ".input_layernorm.weight")
@@ -135,33 +167,46 @@ def build_graph(weights, cfg):
         if s["qk_norm"]:
             q = rms_norm(q, lp + ".self_attn.q_norm.weight")
             k = rms_norm(k, lp + ".self_attn.k_norm.weight")
-        q = rope(node("Transpose", [q], perm=[0, 2, 1, 3]))
-        k = rope(node("Transpose", [k], perm=[0, 2, 1, 3]))
+        rope = tables[s["layer_rope"][i]]
+        q = builder.rope(node("Transpose", [q], perm=[0, 2, 1, 3]), rope, hd)
+        k = builder.rope(node("Transpose", [k], perm=[0, 2, 1, 3]), rope, hd)
         v = node("Transpose", [v], perm=[0, 2, 1, 3])
         if group > 1:
-            # Each key/value head repeated for its group of query heads: [B, kv, S, d] -> [B, kv * group, S, d].
-            def repeat(t, name):
-                expanded = node("Expand", [node("Unsqueeze", [t, const(f"{name}_axis_{i}", np.array([2], np.int64))]),
-                                           node("Concat", [node("Slice", [node("Shape", [t]), const(f"{name}_s0_{i}", np.array([0], np.int64)),
-                                                                          const(f"{name}_s1_{i}", np.array([2], np.int64))]),
-                                                           const(f"{name}_g_{i}", np.array([group], np.int64)),
-                                                           node("Slice", [node("Shape", [t]), const(f"{name}_s2_{i}", np.array([2], np.int64)),
-                                                                          const(f"{name}_s3_{i}", np.array([4], np.int64))])], axis=0)])
-                return node("Reshape", [expanded, const(f"{name}_merge_{i}", np.array([0, heads, -1, hd], np.int64))])
-
-            k, v = repeat(k, "k"), repeat(v, "v")
-        scores = node("Add", [node("Mul", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])]), scale]), bias])
+            k, v = repeat(k), repeat(v)
+        scores = node("Mul", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])]), scale])
+        if s["softcap"]:
+            cap = constant("softcap", np.array(float(s["softcap"]), np.float32))
+            scores = node("Mul", [node("Tanh", [node("Div", [scores, cap])]), cap])
+        scores = node("Add", [scores, biases[s["layer_window"][i]]])
         context = node("MatMul", [node("Softmax", [scores], axis=-1), v])
         context = node("Reshape", [node("Transpose", [context], perm=[0, 2, 1, 3]), merge])
-        x = node("Add", [x, linear(context, lp + ".self_attn.o_proj")])
-        h = rms_norm(x, lp + ".post_attention_layernorm.weight")
+        attended = linear(context, lp + ".self_attn.o_proj")
+        if s["gemma"]:
+            attended = rms_norm(attended, lp + ".post_attention_layernorm.weight")
+            x = node("Add", [x, attended])
+            h = rms_norm(x, lp + ".pre_feedforward_layernorm.weight")
+        else:
+            x = node("Add", [x, attended])
+            h = rms_norm(x, lp + ".post_attention_layernorm.weight")
         gate = linear(h, lp + ".mlp.gate_proj")
-        silu = node("Mul", [gate, node("Sigmoid", [gate])])
-        x = node("Add", [x, linear(node("Mul", [silu, linear(h, lp + ".mlp.up_proj")]), lp + ".mlp.down_proj")])
+        if s["gelu"]:
+            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            cube = node("Mul", [node("Mul", [gate, gate]), gate])
+            inner = node("Mul", [node("Add", [gate, node("Mul", [cube, constant("c", np.array(0.044715, np.float32))])]),
+                                 constant("k", np.array(math.sqrt(2.0 / math.pi), np.float32))])
+            activated = node("Mul", [node("Mul", [gate, constant("half", np.array(0.5, np.float32))]),
+                                     node("Add", [node("Tanh", [inner]), constant("one", np.array(1.0, np.float32))])])
+        else:
+            activated = node("Mul", [gate, node("Sigmoid", [gate])])
+        mlp = linear(node("Mul", [activated, linear(h, lp + ".mlp.up_proj")]), lp + ".mlp.down_proj")
+        if s["gemma"]:
+            mlp = rms_norm(mlp, lp + ".post_feedforward_layernorm.weight")
+        x = node("Add", [x, mlp])
     nodes.append(helper.make_node("Identity", [rms_norm(x, "norm.weight")], ["last_hidden_state"]))
     int_input = lambda name: helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
     output = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])
-    graph = helper.make_graph(nodes, f"{s['kind']}_decoder", [int_input("input_ids"), int_input("attention_mask")], [output], initializer=inits)
+    graph = helper.make_graph(nodes, f"{s['kind']}_decoder", [int_input("input_ids"), int_input("attention_mask")], [output],
+                              initializer=builder.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -176,24 +221,17 @@ def numpy_forward(weights, cfg, ids):
     hd, heads, kv_heads = s["head_dim"], s["heads"], s["kv_heads"]
 
     def norm(x, name):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + s["eps"]) * w(name)
+        scale = 1.0 + w(name) if s["gemma"] else w(name)
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + s["eps"]) * scale
 
     def lin(x, prefix):
         y = x @ w(prefix + ".weight").T
         return y + w(prefix + ".bias") if p + prefix + ".bias" in weights else y
 
     n = len(ids)
-    inv_freq = 1.0 / (s["theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
-    angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]
-    angles = np.concatenate([angles, angles], -1)
-    cos, sin = np.cos(angles), np.sin(angles)
-
-    def rope(t):  # [heads, S, d]
-        rotated = np.concatenate([-t[..., hd // 2:], t[..., :hd // 2]], -1)
-        return t * cos + rotated * sin
-
-    causal = np.triu(np.full((n, n), -np.inf), 1)
     x = w("embed_tokens.weight")[np.asarray(ids)]
+    if s["gemma"]:
+        x = x * float(np.float32(math.sqrt(s["hidden"])))
     for i in range(s["layers"]):
         lp = f"layers.{i}"
         h = norm(x, lp + ".input_layernorm.weight")
@@ -202,13 +240,20 @@ def numpy_forward(weights, cfg, ids):
         v = lin(h, lp + ".self_attn.v_proj").reshape(n, kv_heads, hd)
         if s["qk_norm"]:
             q, k = norm(q, lp + ".self_attn.q_norm.weight"), norm(k, lp + ".self_attn.k_norm.weight")
-        q, k, v = rope(q.transpose(1, 0, 2)), rope(k.transpose(1, 0, 2)), v.transpose(1, 0, 2)
+        theta = s["layer_rope"][i]
+        q, k, v = numpy_rope(q.transpose(1, 0, 2), theta), numpy_rope(k.transpose(1, 0, 2), theta), v.transpose(1, 0, 2)
         k, v = np.repeat(k, heads // kv_heads, 0), np.repeat(v, heads // kv_heads, 0)
-        scores = q @ k.transpose(0, 2, 1) / math.sqrt(hd) + causal
-        scores = np.exp(scores - scores.max(-1, keepdims=True))
-        context = (scores / scores.sum(-1, keepdims=True)) @ v
-        x = x + lin(context.transpose(1, 0, 2).reshape(n, heads * hd), lp + ".self_attn.o_proj")
-        h = norm(x, lp + ".post_attention_layernorm.weight")
+        allowed = numpy_allowed(n, s["causal"], s["layer_window"][i])
+        context = numpy_attention(q, k, v, allowed, s["scale"], s["softcap"])
+        attended = lin(context.transpose(1, 0, 2).reshape(n, heads * hd), lp + ".self_attn.o_proj")
+        if s["gemma"]:
+            x = x + norm(attended, lp + ".post_attention_layernorm.weight")
+            h = norm(x, lp + ".pre_feedforward_layernorm.weight")
+        else:
+            x = x + attended
+            h = norm(x, lp + ".post_attention_layernorm.weight")
         gate = lin(h, lp + ".mlp.gate_proj")
-        x = x + lin(gate / (1 + np.exp(-gate)) * lin(h, lp + ".mlp.up_proj"), lp + ".mlp.down_proj")
+        activated = gelu_tanh(gate) if s["gelu"] else gate / (1 + np.exp(-gate))
+        mlp = lin(activated * lin(h, lp + ".mlp.up_proj"), lp + ".mlp.down_proj")
+        x = x + (norm(mlp, lp + ".post_feedforward_layernorm.weight") if s["gemma"] else mlp)
     return norm(x, "norm.weight")

@@ -218,14 +218,13 @@ def cosine(a, b):
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def check_decoder_onnx(onnx_path, weights, cfg, tokenizer_path):
-    """A decoder's graph (batched, right-padded) against its float64 numpy
-    network, every real token's state: (min cosine, max |difference|)."""
+def check_rotary_onnx(builder, onnx_path, weights, cfg, tokenizer_path):
+    """A decoder's or ModernBERT's graph (batched, right-padded) against its
+    builder's float64 numpy network, every real token's state: (min cosine,
+    max |difference| relative to the largest state)."""
     import numpy as np
     import onnxruntime as ort
     from tokenizers import Tokenizer
-
-    import decoder_onnx
 
     tok = Tokenizer.from_file(str(tokenizer_path))
     tok.no_padding()
@@ -240,7 +239,7 @@ def check_decoder_onnx(onnx_path, weights, cfg, tokenizer_path):
     hidden = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
     worst, max_abs = 1.0, 0.0
     for i, e in enumerate(encs):
-        ref = decoder_onnx.numpy_forward(weights, cfg, e)
+        ref = builder.numpy_forward(weights, cfg, e)
         got = hidden[i, : len(e)].astype(np.float64)
         worst = min(worst, min(cosine(a, b) for a, b in zip(got, ref)))
         max_abs = max(max_abs, float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1.0)))
@@ -1041,6 +1040,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
 
     import bert_onnx
     import decoder_onnx
+    import modernbert_onnx
 
     snapshot = Path(snapshot)
     out = cache / "models" / name
@@ -1088,11 +1088,13 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
         sess.run(None, feed)
         checks = {"repository_onnx": True, "inputs": names, "outputs": outputs}
         print(f"{name}: the repository's ONNX runs (inputs {names}, outputs {outputs})")
-    elif cfg.get("model_type") in decoder_onnx.FAMILIES:
-        # A decoder embedder (Qwen3, Qwen2): its own builder, its own numpy network.
+    elif cfg.get("model_type") in decoder_onnx.FAMILIES + modernbert_onnx.FAMILIES:
+        # A decoder embedder (Qwen3, Qwen2, Mistral, Llama, Gemma3) or
+        # ModernBERT: its own builder, its own numpy network.
+        builder = modernbert_onnx if cfg["model_type"] in modernbert_onnx.FAMILIES else decoder_onnx
         weights = load_file(snapshot / "model.safetensors")
-        onnx.save_model(decoder_onnx.build_graph(weights, cfg), tmp)
-        worst, max_rel = check_decoder_onnx(tmp, weights, cfg, out / "tokenizer.json")
+        onnx.save_model(builder.build_graph(weights, cfg), tmp)
+        worst, max_rel = check_rotary_onnx(builder, tmp, weights, cfg, out / "tokenizer.json")
         print(f"{name}: ONNX vs numpy float64, every token's state: min cosine {worst:.8f}, max |diff| / max |state| {max_rel:.2e}")
         if worst < 0.99999 or max_rel > 1e-3:
             raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")

@@ -2,13 +2,19 @@
 """Makes the decoder embedders' fixtures once, with torch, transformers and
 sentence-transformers (not in CI: the fixtures are committed, kilobytes each).
 
-For each family (qwen3, qwen2, mistral, llama; and the encoder mpnet): a
-tiny random model (2 layers, hidden 64, 4 query and, for decoders, 2
-key/value heads) written by transformers' own save_pretrained,
+For each family (qwen3, qwen2, mistral, llama, gemma3; and the encoders
+mpnet and modernbert): a tiny random model (2 layers, hidden 64, 4 query
+and, for decoders, 2 key/value heads) written by transformers' own
+save_pretrained,
 a small byte-level BPE tokenizer trained on tests/fixtures/texts.json that
 appends the end-of-text token as Qwen3-Embedding's does, and the files
 sentence-transformers writes (modules.json, 1_Pooling with last-token
 pooling, Normalize, config_sentence_transformers.json with a query prompt).
+gemma3 is shaped as google/embeddinggemma-300m is: bidirectional attention,
+a sliding-window layer and a global one, mean pooling, two Dense modules
+without bias, and its query and document prompts. Its window (16, so 8 each
+side) and modernbert's (local_attention 16) are shorter than the long test
+text, so the windows change the vectors.
 Beside each, reference.json: sentence-transformers' own vectors for the
 texts, with and without prompt_name="query", one text at a time and as one
 padded batch.
@@ -23,12 +29,29 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors, trainers
-from transformers import (LlamaConfig, LlamaModel, MistralConfig, MistralModel, MPNetConfig, MPNetModel, PreTrainedTokenizerFast,
-                          Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model)
+from transformers import (Gemma3TextConfig, Gemma3TextModel, LlamaConfig, LlamaModel, MistralConfig, MistralModel, ModernBertConfig,
+                          ModernBertModel, MPNetConfig, MPNetModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2Model, Qwen3Config,
+                          Qwen3Model)
 
 HERE = Path(__file__).resolve().parent
 TEXTS = json.loads((HERE.parent / "fixtures" / "texts.json").read_text())
 EOS = "<|endoftext|>"
+
+
+def gemma_tokenizer(out):
+    """Gemma's specials (<pad>=0, <eos>=1, <bos>=2), each text as <bos> ... <eos>, as EmbeddingGemma's tokenizer does."""
+    tok = Tokenizer(tok_models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 4, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A <eos>", pair="<bos> $A <eos> $B <eos>",
+                                                       special_tokens=[("<bos>", 2), ("<eos>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+                                   model_max_length=128)
+    fast.save_pretrained(out)
+    return fast.vocab_size
 
 
 def tokenizer(out):
@@ -64,12 +87,26 @@ def encoder_tokenizer(out):
 def family(name, config_cls, model_cls, out, extra):
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(20261204)
-    if name == "mpnet":
+    dense = []
+    prompts = {"query": "Instruct: Given a question, retrieve passages that answer it\nQuery: "}
+    if name in ("mpnet", "modernbert"):
         vocab = encoder_tokenizer(out)
+        if name == "mpnet":
+            extra = dict(max_position_embeddings=514, relative_attention_num_buckets=32, **extra)
+        else:
+            extra = dict(max_position_embeddings=512, cls_token_id=0, sep_token_id=2, **extra)
         config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                            max_position_embeddings=514, relative_attention_num_buckets=32, pad_token_id=1, bos_token_id=0,
-                            eos_token_id=2, **extra)
+                            pad_token_id=1, bos_token_id=0, eos_token_id=2, **extra)
         pooling_mode = "mean"
+    elif name == "gemma3":
+        vocab = gemma_tokenizer(out)
+        config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, pad_token_id=0, eos_token_id=1,
+                            bos_token_id=2, **extra)
+        pooling_mode = "mean"
+        dense = [models.Dense(64, 128, bias=False, activation_function=torch.nn.Identity()),
+                 models.Dense(128, 64, bias=False, activation_function=torch.nn.Identity())]
+        prompts = {"query": "task: search result | query: ", "document": "title: none | text: "}
     else:
         vocab, eos = tokenizer(out)
         config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -82,13 +119,13 @@ def family(name, config_cls, model_cls, out, extra):
             # Larger than the default init, so that every layer moves the vectors.
             p.normal_(0.0, 0.2)
         for n, p in model.named_parameters():
-            if n.endswith("norm.weight"):
+            # Gemma's norms scale by 1 + weight already.
+            if n.endswith("norm.weight") and name != "gemma3":
                 p.add_(1.0)
     model.save_pretrained(out, safe_serialization=True)
     transformer = models.Transformer(str(out), max_seq_length=128)
     pooling = models.Pooling(64, pooling_mode=pooling_mode)
-    st = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
-                             prompts={"query": "Instruct: Given a question, retrieve passages that answer it\nQuery: "})
+    st = SentenceTransformer(modules=[transformer, pooling, *dense, models.Normalize()], prompts=prompts)
     st.save(str(out))
     st = SentenceTransformer(str(out), device="cpu")
     texts = TEXTS[:16] + ["a", "x " * 200]
@@ -113,6 +150,13 @@ FAMILIES = [
     ("llama", LlamaConfig, LlamaModel, {}),
     # An encoder whose relative position buckets no other family here has.
     ("mpnet", MPNetConfig, MPNetModel, {}),
+    # EmbeddingGemma's shape: bidirectional, one sliding-window layer and one
+    # global, per-type RoPE theta, query scale from query_pre_attn_scalar.
+    ("gemma3", Gemma3TextConfig, Gemma3TextModel,
+     {"head_dim": 16, "use_bidirectional_attention": True, "sliding_window": 16, "query_pre_attn_scalar": 32,
+      "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True}),
+    # Global then local attention (window 16, so 8 each side), RoPE, GeGLU, no biases.
+    ("modernbert", ModernBertConfig, ModernBertModel, {"global_attn_every_n_layers": 2, "local_attention": 16}),
 ]
 
 

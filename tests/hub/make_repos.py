@@ -42,7 +42,7 @@ weights the project already has, laid out as on the Hub:
                                           (384 -> 128, tanh, seeded random weights),
                                           then Normalize, as sentence-transformers saves it
   eeane-test/minilm-dense-onnx-only       the same with only onnx/model.onnx (token states)
-  eeane-test/{qwen3,qwen2,mistral,llama,mpnet}-tiny  decoder embedders and an MPNet (last-token pooling, a query
+  eeane-test/{qwen3,qwen2,mistral,llama,gemma3,mpnet,modernbert}-tiny  decoder embedders and encoders (a query
                                           prompt): tests/hub/fixtures/, made once by
                                           make_decoder_fixtures.py with transformers'
                                           save_pretrained and sentence-transformers
@@ -375,8 +375,8 @@ def main():
                     location="model.onnx_data", size_threshold=1024)
 
     dense_repos(minilm, onnx_only, out)
-    for fixture in ("qwen3-tiny", "qwen2-tiny", "mistral-tiny", "llama-tiny", "mpnet-tiny"):
-        shutil.copytree(Path(__file__).resolve().parent / "fixtures" / fixture, out / "eeane-test" / fixture,
+    for fixture in sorted((Path(__file__).resolve().parent / "fixtures").iterdir()):
+        shutil.copytree(fixture, out / "eeane-test" / fixture.name,
                         ignore=shutil.ignore_patterns("reference.json"))
 
     gated = out / "eeane-test/gated-minilm"
