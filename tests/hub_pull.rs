@@ -442,39 +442,41 @@ fn pulled_config(hub: &LookAlike, home: &Path, repos: &[impl AsRef<str>]) -> Str
     config
 }
 
-/// Decoder embedders and an MPNet built from safetensors (tests/hub/fixtures:
-/// tiny random Qwen3, Qwen2, Mistral, Llama and MPNet written by
-/// transformers, their vectors by sentence-transformers itself): last-token
-/// pooling with the end-of-text token the tokenizer appends, MPNet's relative
-/// position buckets, the query prompt; one text a request, one padded batch
-/// of mixed lengths, and with the prompt, each against sentence-transformers'
-/// own vectors, on ONNX Runtime and OpenVINO.
+/// Decoder embedders and encoders built from safetensors (tests/hub/fixtures:
+/// tiny random Qwen3, Qwen2, Mistral, Llama, Gemma3, MPNet and ModernBERT
+/// written by transformers, their vectors by sentence-transformers itself):
+/// last-token pooling with the end-of-text token the tokenizer appends;
+/// Gemma3 shaped as EmbeddingGemma (bidirectional, a sliding-window layer,
+/// mean pooling, two Dense modules); ModernBERT's global and local layers;
+/// MPNet's relative position buckets; the query prompt. One text a request,
+/// one padded batch of mixed lengths, and with the prompt, each against
+/// sentence-transformers' own vectors, on ONNX Runtime and OpenVINO.
 #[test]
 fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
     let hub = LookAlike::start();
     let home = tempfile::tempdir().unwrap();
-    let families = ["qwen3-tiny", "qwen2-tiny", "mistral-tiny", "llama-tiny", "mpnet-tiny"];
+    let families = ["qwen3-tiny", "qwen2-tiny", "mistral-tiny", "llama-tiny", "gemma3-tiny", "mpnet-tiny", "modernbert-tiny"];
     let mut config = pulled_config(&hub, home.path(), &families.map(|f| format!("eeane-test/{f}")));
-    // The four decoders pool by their last token; the MPNet by the mean.
+    // Four decoders pool by their last token; the encoders by the mean, and
+    // Gemma3 by the mean inside its graph, before its Dense modules.
     assert_eq!(config.matches("pooling = \"last_token\"").count(), 4, "{config}");
-    for (repo, architecture) in [("qwen3-tiny", "Qwen3Model"), ("mpnet-tiny", "MPNetModel")] {
+    assert!(config.contains("pooling = \"none\"  # 1_Pooling/config.json (mean) and 2_Dense, 3_Dense"), "{config}");
+    for (repo, architecture) in
+        [("qwen3-tiny", "Qwen3Model"), ("gemma3-tiny", "Gemma3TextModel"), ("mpnet-tiny", "MPNetModel"), ("modernbert-tiny", "ModernBertModel")]
+    {
         let refused = pull_with(&["--engine", "ncnn"], home.path(), &hub.endpoint, &format!("hf:eeane-test/{repo}"), &[]);
         assert!(!refused.ok && refused.stderr.contains(architecture), "{}", refused.stderr);
     }
-    config += "[[models]]\nid = \"qwen3-openvino\"\nsource = \"hf:eeane-test/qwen3-tiny\"\nengine = \"openvino\"\ndevice = \"CPU\"\n";
+    // Each family on OpenVINO as well, from the same prepared graph.
+    for family in families {
+        config += &format!("[[models]]\nid = \"{family}-openvino\"\nsource = \"hf:eeane-test/{family}\"\nengine = \"openvino\"\ndevice = \"CPU\"\n");
+    }
     // precision = "auto" on a Hub decoder: the variants this CPU offers, gated against its fp32 graph.
     config += "[[models]]\nid = \"qwen3-auto\"\nsource = \"hf:eeane-test/qwen3-tiny\"\nprecision = \"auto\"\n";
-    // A survey kept in the prepared model's manifest by an earlier run would be
-    // read instead of run: this run starts from none.
-    let manifest_path = common::cache_dir().join("models/hf--eeane-test--qwen3-tiny/manifest.json");
-    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
-    if let Some(kept) = manifest.get_mut("variants").and_then(Value::as_object_mut) {
-        kept.remove("qwen3-auto");
-    }
-    std::fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
+    forget_kept_survey("hf--eeane-test--qwen3-tiny", "qwen3-auto");
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures");
-    let served = families.map(|f| (format!("eeane-test/{f}"), f)).into_iter().chain([("qwen3-openvino".to_string(), "qwen3-tiny")]);
+    let served = families.map(|f| (format!("eeane-test/{f}"), f)).into_iter().chain(families.map(|f| (format!("{f}-openvino"), f)));
     for (model, fixture) in served {
         let model = model.as_str();
         let reference: Value = serde_json::from_slice(&std::fs::read(fixtures.join(fixture).join("reference.json")).unwrap()).unwrap();
@@ -501,31 +503,46 @@ fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
             assert!(cosine >= 0.9999, "{model}: {what}: min cosine {cosine}");
         }
     }
-    // The auto entry: served at once by its fp32 reference, then by the
-    // variant its survey chose within cosine 0.9999, both held to
-    // sentence-transformers.
     let reference: Value = serde_json::from_slice(&std::fs::read(fixtures.join("qwen3-tiny/reference.json")).unwrap()).unwrap();
-    let texts = reference["texts"].as_array().unwrap();
-    let cosine_to_reference = |model: &str| {
+    surveyed_auto_entry(&server, "qwen3-auto", reference["texts"].as_array().unwrap(), reference["batch"].as_array().unwrap());
+}
+
+/// A survey kept in a prepared model's manifest by an earlier run would be
+/// read instead of run: the test's run starts from none.
+fn forget_kept_survey(prepared: &str, id: &str) {
+    let manifest_path = common::cache_dir().join("models").join(prepared).join("manifest.json");
+    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    if let Some(kept) = manifest.get_mut("variants").and_then(Value::as_object_mut) {
+        kept.remove(id);
+    }
+    std::fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
+}
+
+/// An auto entry: served at once by its fp32 reference, then by the variant
+/// its survey chose within cosine 0.9999, both held to the reference
+/// vectors. Returns the variant chosen.
+fn surveyed_auto_entry(server: &common::Server, model: &str, texts: &[Value], want: &[Value]) -> String {
+    let cosine_to_reference = || {
         let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": texts}));
         assert_eq!(status, 200, "{model}: {response}");
-        common::vectors(&response).iter().zip(reference["batch"].as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min)
+        common::vectors(&response).iter().zip(want).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min)
     };
-    let first = cosine_to_reference("qwen3-auto");
-    let mut health = server.model_health("qwen3-auto");
+    let first = cosine_to_reference();
+    let mut health = server.model_health(model);
     for _ in 0..1200 {
         if health["survey"]["state"] != "running" {
             break;
         }
         std::thread::sleep(Duration::from_millis(500));
-        health = server.model_health("qwen3-auto");
+        health = server.model_health(model);
     }
     assert_eq!(health["survey"]["state"], "done", "{health}");
-    let after = cosine_to_reference("qwen3-auto");
-    let variant = &server.model_health("qwen3-auto")["variant"];
-    println!("qwen3-auto: fp32 reference first, min cosine {first:.8}; then {}, min cosine {after:.8}: {}", variant["chosen"], variant["reason"]);
+    let after = cosine_to_reference();
+    let variant = &server.model_health(model)["variant"];
+    println!("{model}: fp32 reference first, min cosine {first:.8}; then {}, min cosine {after:.8}: {}", variant["chosen"], variant["reason"]);
     assert!(first >= 0.9999 && after >= 0.9999, "{first} {after}");
     assert!(health["survey"]["variants"].as_u64().unwrap() >= 2, "{health}");
+    variant["chosen"].as_str().unwrap_or_default().to_string()
 }
 
 /// A Dense module after pooling (tests/hub/make_repos.py: 384 -> 128, tanh,
@@ -544,6 +561,11 @@ fn dense_modules_and_camembert_serve_what_the_repository_declares() {
     let refused = pull_with(&["--engine", "ncnn"], home.path(), &hub.endpoint, "hf:eeane-test/minilm-dense", &[]);
     assert!(!refused.ok && refused.stderr.contains("Dense"), "{}", refused.stderr);
     config += "[[models]]\nid = \"dense-openvino\"\nsource = \"hf:eeane-test/minilm-dense\"\nengine = \"openvino\"\ndevice = \"CPU\"\n";
+    // precision = "auto" on a Hub model with real weights (MiniLM's) and a
+    // Dense module: a reduced variant where this CPU has one within the gate.
+    config += "[[models]]\nid = \"dense-auto\"\nsource = \"hf:eeane-test/minilm-dense\"\nprecision = \"auto\"\n";
+    forget_kept_survey("hf--eeane-test--minilm-dense", "dense-auto");
+    config += "[[models]]\nid = \"minilm-auto\"\nsource = \"hf:sentence-transformers/all-MiniLM-L6-v2\"\nprecision = \"auto\"\n";
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let texts = common::fixture_texts();
     for (model, repo, width) in repos.iter().map(|r| (*r, *r, if r.contains("dense") { 128 } else { 384 })).chain([("dense-openvino", repos[0], 128)]) {
@@ -555,6 +577,17 @@ fn dense_modules_and_camembert_serve_what_the_repository_declares() {
         let worst = served.iter().zip(reference["vectors"].as_array().unwrap()).map(|(v, r)| common::cosine(v, &common::f64s(r))).fold(1.0f64, f64::min);
         println!("{model}: {} texts of {width} dimensions, min cosine to the reference {worst:.8}", served.len());
         assert!(worst >= 0.9999, "{model}: min cosine {worst}");
+    }
+    let dense = reference(&the_snapshot(home.path(), repos[0]), &serde_json::json!({"texts": texts, "max_tokens": 256}));
+    let chosen =
+        surveyed_auto_entry(&server, "dense-auto", &texts.iter().map(|t| Value::from(t.as_str())).collect::<Vec<_>>(), dense["vectors"].as_array().unwrap());
+    let minilm: Vec<Value> = common::reference(&texts, 256).vectors.into_iter().map(Value::from).collect();
+    surveyed_auto_entry(&server, "minilm-auto", &texts.iter().map(|t| Value::from(t.as_str())).collect::<Vec<_>>(), &minilm);
+    // A CPU with bf16 (as variants::Machine reads /proc/cpuinfo) has OpenVINO bf16 measured.
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    if cpuinfo.split_whitespace().any(|f| f == "avx512_bf16" || f == "amx_bf16") {
+        let reason = server.model_health("dense-auto")["variant"]["reason"].to_string();
+        assert!(chosen.contains("bf16") || reason.contains("bf16"), "{chosen}: {reason}");
     }
 }
 
