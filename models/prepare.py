@@ -256,7 +256,8 @@ def check_bert_onnx(onnx_path, weights, cfg, tokenizer_path):
 
     tok = Tokenizer.from_file(str(tokenizer_path))
     tok.no_padding()
-    tok.enable_truncation(256)
+    # Within the model's positions (cfg as bert_onnx.as_bert numbers them).
+    tok.enable_truncation(min(256, int(cfg.get("max_position_embeddings", 512))))
     encs = [tok.encode(t) for t in CHECK_TEXTS]
     seq = max(len(e.ids) for e in encs)
     ids = np.zeros((len(encs), seq), np.int64)
@@ -908,6 +909,25 @@ def ncnn_from_hf(cache, directory, name, fp16_weights):
           f"tokenizer = \"{{cache}}/models/{name}/tokenizer.json\", max_tokens <= {max_tokens}")
 
 
+def hub_tokenizer(snapshot, out):
+    """The repository's tokenizer.json, copied to `out`; for a repository
+    that ships only vocabulary files, one built from them as transformers
+    builds it (models/vocab_tokenizer.py). Returns what was done, for the
+    manifest."""
+    snapshot, out = Path(snapshot), Path(out)
+    if (snapshot / "tokenizer.json").is_file():
+        shutil.copyfile(snapshot / "tokenizer.json", out)
+        return "the repository's tokenizer.json"
+    import vocab_tokenizer
+
+    kind = vocab_tokenizer.tokenizer_class(snapshot)
+    vocab_tokenizer.write(snapshot, out)
+    files = [f for f in ("vocab.json", "merges.txt", "vocab.txt") if (snapshot / f).is_file()]
+    built = f"built from {' + '.join(files)} as transformers' {kind} builds it"
+    print(f"{snapshot.name}: no tokenizer.json; {built}")
+    return built
+
+
 def ncnn_from_hub_snapshot(cache, snapshot, name, source, settings):
     """A Hub repository's snapshot to ncnn in `{cache}/models/NAME`: the same
     graph builder as its ONNX model (models/bert_onnx.py, from its
@@ -924,7 +944,11 @@ def ncnn_from_hub_snapshot(cache, snapshot, name, source, settings):
             return
     weights, cfg = bert_onnx.as_bert(load_file(snapshot / "model.safetensors"), json.loads((snapshot / "config.json").read_text()))
     max_tokens = min(int((settings or {}).get("max_tokens", {}).get("value", 512)), int(cfg.get("max_position_embeddings", 512)))
-    convert_to_ncnn(cache, out, weights, cfg, snapshot / "tokenizer.json", max_tokens, False, {"hub": source, "inferred": settings})
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = out / "tokenizer.source.json"
+    hub_tokenizer(snapshot, tokenizer)
+    convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, False, {"hub": source, "inferred": settings})
+    tokenizer.unlink()
 
 
 CHECK_PAIRS = [
@@ -1048,7 +1072,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
         print(f"{name}: up to date in {out}")
         return
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(snapshot / "tokenizer.json", out / "tokenizer.json")
+    tokenizer_from = hub_tokenizer(snapshot, out / "tokenizer.json")
     cfg = json.loads((snapshot / "config.json").read_text())
     tmp = out / "model.onnx.tmp"
     if onnx_file:
@@ -1118,6 +1142,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
             raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
         checks = {"min_cosine_vs_numpy_float64": min(cosines), "max_abs_hidden_diff": max_abs}
     checks.update(append_dense_modules(snapshot, tmp, settings, out / "tokenizer.json") or {})
+    checks["tokenizer"] = tokenizer_from
     os.replace(tmp, out / "model.onnx")
     write_manifest(out, {"hub": source, "inferred": settings}, checks)
     print(f"{name}: ready in {out}")

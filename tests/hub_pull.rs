@@ -545,6 +545,49 @@ fn surveyed_auto_entry(server: &common::Server, model: &str, texts: &[Value], wa
     variant["chosen"].as_str().unwrap_or_default().to_string()
 }
 
+/// Repositories whose tokenizer is only vocabulary files (tests/hub/fixtures,
+/// made by make_vocab_fixtures.py): RoBERTa's vocab.json + merges.txt, and
+/// BERT's vocab.txt with do_lower_case; no modules.json, so mean pooling
+/// without normalizing, as sentence-transformers does. Over HTTP: /tokenize
+/// gives transformers' own ids, and the vectors are sentence-transformers'.
+#[test]
+fn repositories_with_vocabulary_files_only_tokenize_as_transformers() {
+    let hub = LookAlike::start();
+    let home = tempfile::tempdir().unwrap();
+    let fixtures = ["roberta-vocab-tiny", "bert-vocab-tiny"];
+    let config = pulled_config(&hub, home.path(), &fixtures.map(|f| format!("eeane-test/{f}")));
+    assert_eq!(config.matches("pooling = \"mean\"").count(), 2, "{config}");
+    let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures");
+    for fixture in fixtures {
+        let model = format!("eeane-test/{fixture}");
+        let reference: Value = serde_json::from_slice(&std::fs::read(dir.join(fixture).join("reference.json")).unwrap()).unwrap();
+        let texts = reference["texts"].as_array().unwrap();
+        let (status, tokens) = server.post("/tokenize", &serde_json::json!({"model": model, "inputs": texts}));
+        assert_eq!(status, 200, "{model}: {tokens}");
+        let mut compared = 0;
+        for ((text, served), want) in texts.iter().zip(tokens.as_array().unwrap()).zip(reference["ids"].as_array().unwrap()) {
+            let served: Vec<u64> = served.as_array().unwrap().iter().map(|t| t["id"].as_u64().unwrap()).collect();
+            let want: Vec<u64> = want.as_array().unwrap().iter().map(|i| i.as_u64().unwrap()).collect();
+            // transformers' ids were cut at 128 tokens; compare what both hold whole.
+            if want.len() < 128 {
+                assert_eq!(served, want, "{model}: {text}");
+                compared += 1;
+            }
+        }
+        assert!(compared + 1 >= texts.len(), "{model}: {compared} of {} texts compared", texts.len());
+        let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": texts}));
+        assert_eq!(status, 200, "{model}: {response}");
+        let worst = common::vectors(&response)
+            .iter()
+            .zip(reference["batch"].as_array().unwrap())
+            .map(|(v, r)| common::cosine(v, &common::f64s(r)))
+            .fold(1.0f64, f64::min);
+        println!("{model}: ids equal transformers' on {compared} texts; vectors vs sentence-transformers, {} texts: min cosine {worst:.8}", texts.len());
+        assert!(worst >= 0.9999, "{model}: min cosine {worst}");
+    }
+}
+
 /// A Dense module after pooling (tests/hub/make_repos.py: 384 -> 128, tanh,
 /// then Normalize), from safetensors and from the repository's own ONNX,
 /// applied inside the prepared graph on ONNX Runtime and OpenVINO; a
