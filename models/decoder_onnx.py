@@ -116,7 +116,20 @@ def _prefix(weights):
     return "model." if "model.embed_tokens.weight" in weights else ""
 
 
-def build_graph(weights, cfg):
+def _lm_rows(weights, cfg, ids):
+    """Rows of the language-model head (tied to the token embeddings where
+    the config says so or the checkpoint has no head) for token `ids`."""
+    p = _prefix(weights)
+    head = "lm_head.weight" if "lm_head.weight" in weights else p + "embed_tokens.weight"
+    return np.stack([weights[head][i].astype(np.float64) for i in ids])
+
+
+def build_graph(weights, cfg, score_tokens=None):
+    """With `score_tokens` (true id, false id or None), a reranker that is a
+    language model (Qwen3-Reranker): the output is `logits` [B, 1], the
+    head's logit of the true token at each row's last real token, less the
+    false token's when there is one (sentence-transformers' LogitScore), so
+    that a sigmoid gives p(true) over the two."""
     s = shape(cfg)
     p = _prefix(weights)
     hidden, heads, kv_heads, hd = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"]
@@ -202,9 +215,23 @@ def build_graph(weights, cfg):
         if s["gemma"]:
             mlp = rms_norm(mlp, lp + ".post_feedforward_layernorm.weight")
         x = node("Add", [x, mlp])
-    nodes.append(helper.make_node("Identity", [rms_norm(x, "norm.weight")], ["last_hidden_state"]))
+    states = rms_norm(x, "norm.weight")
     int_input = lambda name: helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
-    output = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])
+    if score_tokens is None:
+        nodes.append(helper.make_node("Identity", [states], ["last_hidden_state"]))
+        output = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])
+    else:
+        # The last real token of each right-padded row: position == length - 1.
+        length = node("ReduceSum", ["attention_mask", constant("axis", np.array([1], np.int64))], keepdims=1)
+        last = node("Cast", [node("Equal", [node("Unsqueeze", [builder.positions(), constant("axis", np.array([0], np.int64))]),
+                                            node("Sub", [length, constant("one", np.array(1, np.int64))])])], to=TensorProto.FLOAT)
+        pooled = node("ReduceSum", [node("Mul", [states, node("Unsqueeze", [last, constant("axis", np.array([2], np.int64))])]),
+                                    constant("axis", np.array([1], np.int64))], keepdims=0)
+        true_id, false_id = score_tokens
+        rows = _lm_rows(weights, cfg, [true_id])[0] - (_lm_rows(weights, cfg, [false_id])[0] if false_id is not None else 0.0)
+        score = node("MatMul", [pooled, constant("score_head", rows.astype(np.float32).reshape(-1, 1))])
+        nodes.append(helper.make_node("Identity", [score], ["logits"]))
+        output = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1])
     graph = helper.make_graph(nodes, f"{s['kind']}_decoder", [int_input("input_ids"), int_input("attention_mask")], [output],
                               initializer=builder.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
@@ -257,3 +284,12 @@ def numpy_forward(weights, cfg, ids):
         mlp = lin(activated * lin(h, lp + ".mlp.up_proj"), lp + ".mlp.down_proj")
         x = x + (norm(mlp, lp + ".post_feedforward_layernorm.weight") if s["gemma"] else mlp)
     return norm(x, "norm.weight")
+
+
+def numpy_score(weights, cfg, ids, score_tokens):
+    """A language-model reranker's score logit for one unpadded sequence, float64."""
+    true_id, false_id = score_tokens
+    state = numpy_forward(weights, cfg, ids)[-1]
+    rows = _lm_rows(weights, cfg, [true_id] + ([false_id] if false_id is not None else []))
+    logits = rows @ state
+    return float(logits[0] - (logits[1] if false_id is not None else 0.0))

@@ -246,6 +246,46 @@ def check_rotary_onnx(builder, onnx_path, weights, cfg, tokenizer_path):
     return worst, max_abs
 
 
+def token_ids(tokenizer_path, score_tokens):
+    """The ids of a language-model reranker's true and false tokens
+    ({"true": "yes", "false": "no"}), each one token of the vocabulary."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    ids = []
+    for key in ("true", "false"):
+        token = score_tokens.get(key)
+        found = None if token is None else tok.token_to_id(token)
+        if token is not None and found is None:
+            raise SystemExit(f"the reranker's {key} token {token!r} is not one token of the vocabulary")
+        ids.append(found)
+    return tuple(ids)
+
+
+def check_language_model_reranker(onnx_path, weights, cfg, tokenizer_path, score_tokens):
+    """A language-model reranker's graph (batched, right-padded) against its
+    float64 numpy network on the check pairs written as query then document:
+    the largest |difference| of the score logits."""
+    import numpy as np
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    import decoder_onnx
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.no_padding()
+    tok.no_truncation()
+    seqs = [tok.encode(f"{q}\n{d}").ids[:256] for q, d in CHECK_PAIRS]
+    ids = np.zeros((len(seqs), max(map(len, seqs))), np.int64)
+    mask = np.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+        mask[i, : len(s)] = 1
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    logits = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0][:, 0]
+    return max(abs(float(logits[i]) - decoder_onnx.numpy_score(weights, cfg, s, score_tokens)) for i, s in enumerate(seqs))
+
+
 def check_bert_onnx(onnx_path, weights, cfg, tokenizer_path):
     """Run the ONNX graph (batched, padded) against the float64 numpy network; return per-text cosines."""
     import numpy as np
@@ -1117,6 +1157,20 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
         # ModernBERT: its own builder, its own numpy network.
         builder = modernbert_onnx if cfg["model_type"] in modernbert_onnx.FAMILIES else decoder_onnx
         weights = load_file(snapshot / "model.safetensors")
+        if (settings or {}).get("score_tokens"):
+            # A reranker that is a language model: its head's logits of the
+            # true and false tokens at the last position.
+            score_tokens = token_ids(out / "tokenizer.json", settings["score_tokens"])
+            onnx.save_model(decoder_onnx.build_graph(weights, cfg, score_tokens=score_tokens), tmp)
+            worst = check_language_model_reranker(tmp, weights, cfg, out / "tokenizer.json", score_tokens)
+            print(f"{name}: ONNX vs numpy float64 score logits on {len(CHECK_PAIRS)} pairs: max |difference| {worst:.2e}")
+            if worst > 1e-4:
+                raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
+            os.replace(tmp, out / "model.onnx")
+            write_manifest(out, {"hub": source, "inferred": settings}, {"max_abs_logit_diff": worst, "score_token_ids": list(score_tokens),
+                                                                         "tokenizer": tokenizer_from})
+            print(f"{name}: ready in {out}")
+            return
         onnx.save_model(builder.build_graph(weights, cfg), tmp)
         worst, max_rel = check_rotary_onnx(builder, tmp, weights, cfg, out / "tokenizer.json")
         print(f"{name}: ONNX vs numpy float64, every token's state: min cosine {worst:.8f}, max |diff| / max |state| {max_rel:.2e}")

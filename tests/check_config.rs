@@ -106,6 +106,10 @@ fn its_output_reads_back_to_itself() {
         ("the example file", example),
         ("auto on any engine", entry("precision = \"auto\"")),
         ("auto on its engine", entry("engine = \"openvino\"\nprecision = \"auto\"")),
+        (
+            "a language-model reranker's template",
+            entry("engine = \"onnxruntime\"\nkind = \"reranker\"\npooling = \"none\"\nrerank_template = { prefix = \"<|im_start|>system\\nJudge \\\"yes\\\"\", pair = \"<Query>: {query}\\n<Document>: {document}\", suffix = \"\\n\", instruction = \"Find it\" }"),
+        ),
         ("buckets and two devices", entry("engine = \"openvino\"\nprecision = \"bf16\"\ndevice = [\"cpu\", \"cpu\"]\nbuckets = [{ max_tokens = 32, max_batch = 8 }, { max_tokens = 128, max_batch = 4 }]")),
     ];
     for (what, config) in configs {

@@ -31,7 +31,7 @@ pub struct RerankReport {
 
 fn inputs(model: &ModelConfig, documents: Vec<String>) -> Inputs {
     match model.kind {
-        ModelKind::Reranker => Inputs::Pairs { query: QUERY.into(), documents },
+        ModelKind::Reranker => Inputs::Pairs { query: QUERY.into(), documents, instruction: None },
         ModelKind::Embedding => Inputs::Texts(std::iter::once(QUERY.to_string()).chain(documents).collect()),
     }
 }

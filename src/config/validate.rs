@@ -136,6 +136,14 @@ impl Config {
                     return invalid(key("rerank"), "rerank = true is for embedding models; a reranker always reranks".into());
                 }
             }
+            if let Some(template) = &m.rerank_template {
+                if m.kind != ModelKind::Reranker {
+                    return invalid(key("rerank_template"), "is for kind = \"reranker\" entries whose graph scores a templated pair".into());
+                }
+                if let Some(missing) = ["{query}", "{document}"].into_iter().find(|p| !template.pair.contains(p)) {
+                    return invalid(key("rerank_template.pair"), format!("must contain {missing}"));
+                }
+            }
             if m.auto_precision.is_some() {
                 if m.kind == ModelKind::Reranker {
                     return invalid(key("precision"), "\"auto\" compares vectors; a reranker's entry names its precision".into());

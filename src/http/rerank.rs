@@ -39,6 +39,9 @@ pub struct RerankRequest {
     pub raw_scores: bool,
     #[schema(schema_with = super::openai::keep_alive_schema)]
     pub keep_alive: Option<Value>,
+    /// eeane's addition: the instruction of a reranker that is a language
+    /// model (Qwen3-Reranker), in place of its entry's `rerank_template.instruction`.
+    pub instruction: Option<String>,
 }
 
 fn documents_schema() -> utoipa::openapi::schema::Array {
@@ -143,7 +146,10 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
     // The documents move into the request; a copy is kept only to return them.
     let count = docs.len();
     let returned = request.return_documents.then(|| docs.clone());
-    let ranked = app.service.rerank(ServeRerank { model: request.model, query, documents: docs, raw_scores: request.raw_scores, keep_alive }).await?;
+    let ranked = app
+        .service
+        .rerank(ServeRerank { model: request.model, query, documents: docs, raw_scores: request.raw_scores, keep_alive, instruction: request.instruction })
+        .await?;
     let Ranked { model, scores, tokens } = ranked;
     let results = best_first(&scores)
         .into_iter()

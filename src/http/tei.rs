@@ -77,6 +77,9 @@ pub struct TeiRerankRequest {
     pub truncation_direction: Option<TruncationDirection>,
     /// eeane's addition: a reranker's id or alias (default: the first reranker).
     pub model: Option<String>,
+    /// eeane's addition: the instruction of a reranker that is a language
+    /// model (Qwen3-Reranker), in place of its entry's.
+    pub instruction: Option<String>,
 }
 
 /// One text's score, as TEI's `/rerank` answers.
@@ -264,7 +267,14 @@ pub async fn rerank_body(app: &AppState, body: &[u8]) -> Result<Response, ApiErr
     let count = texts.len();
     let Ranked { model, scores, tokens } = app
         .service
-        .rerank(ServeRerank { model: request.model, query, documents: texts, raw_scores: request.raw_scores, keep_alive: None })
+        .rerank(ServeRerank {
+            model: request.model,
+            query,
+            documents: texts,
+            raw_scores: request.raw_scores,
+            keep_alive: None,
+            instruction: request.instruction,
+        })
         .await
         .map_err(tei)?;
     let ranks: Vec<Rank> = super::documents::best_first(&scores)

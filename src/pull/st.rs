@@ -11,6 +11,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::config::RerankTemplate;
+
 /// Architectures whose graph eeane builds for the ONNX engines only: the
 /// decoder embedders and Gemma3 (`models/decoder_onnx.py`), ModernBERT
 /// (`models/modernbert_onnx.py`) and MPNet (its relative position bias); an
@@ -103,7 +105,28 @@ pub struct StModel {
     pub dense: Vec<DenseModule>,
     /// The pooling the prepared graph does, with Dense modules ("mean" or "cls").
     pub graph_pooling: Option<&'static str>,
+    /// A reranker that is a language model: the template its pairs are
+    /// written into, and the tokens whose logits score them (true, false).
+    pub rerank_template: Option<Inferred<RerankTemplate>>,
+    pub score_tokens: Option<(String, Option<String>)>,
 }
+
+/// Qwen3-Reranker's prompt, as its model card writes it
+/// (Qwen/Qwen3-Reranker-0.6B, 4B and 8B): scored by p("yes") over "yes"
+/// and "no" at the last position.
+fn qwen3_reranker_template() -> RerankTemplate {
+    RerankTemplate {
+        prefix: "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. \
+                 Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+            .into(),
+        pair: "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}".into(),
+        suffix: "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n".into(),
+        instruction: "Given a web search query, retrieve relevant passages that answer the query".into(),
+    }
+}
+
+/// The model card's max_length for Qwen3-Reranker.
+const LANGUAGE_MODEL_RERANKER_TOKENS: u64 = 8192;
 
 /// A sentence-transformers Dense module: its folder and the torch class of
 /// its activation, as its config.json names them.
@@ -156,6 +179,11 @@ impl StModel {
             return Self::cross_encoder(dir, repo, architecture, &config, onnx);
         }
         let modules = read_json(dir, "modules.json")?;
+        // A causal language model without sentence-transformers' modules,
+        // named a reranker (Qwen/Qwen3-Reranker-0.6B): scored by its head.
+        if architecture.ends_with("ForCausalLM") && modules.is_none() && repo.to_lowercase().contains("rerank") && onnx.is_none() {
+            return Self::language_model_reranker(dir, repo, architecture, &config);
+        }
         let modules: Vec<Value> = modules.as_ref().and_then(Value::as_array).cloned().unwrap_or_default();
         let module_of = |kind: &str| modules.iter().find(|m| m["type"].as_str().is_some_and(|t| t.ends_with(kind)));
         let mut dense = Vec::new();
@@ -267,6 +295,40 @@ impl StModel {
             reranker: false,
             dense,
             graph_pooling,
+            rerank_template: None,
+            score_tokens: None,
+        })
+    }
+
+    /// A reranker that is a language model: Qwen3-Reranker's template and
+    /// its yes/no scoring; other families are refused by name.
+    fn language_model_reranker(dir: &Path, repo: &str, architecture: String, config: &Value) -> Result<StModel, PullError> {
+        if config["model_type"].as_str() != Some("qwen3") {
+            return Err(PullError::Unsupported(format!(
+                "{repo} is a {architecture} reranker; eeane scores language-model rerankers with Qwen3-Reranker's template \
+                 (Qwen3ForCausalLM) only so far (bge-reranker-v2-gemma's Gemma is not built yet)"
+            )));
+        }
+        let positions = positions(config).unwrap_or(LANGUAGE_MODEL_RERANKER_TOKENS);
+        let tokenizer = read_json(dir, "tokenizer_config.json")?;
+        let max_tokens = match tokenizer.as_ref().and_then(|t| t["model_max_length"].as_u64()).filter(|n| *n <= positions.min(LANGUAGE_MODEL_RERANKER_TOKENS)) {
+            Some(n) => inferred(n as usize, "tokenizer_config.json (model_max_length)"),
+            None => inferred(positions.min(LANGUAGE_MODEL_RERANKER_TOKENS) as usize, "the model card's max_length (8192), within config.json's positions"),
+        };
+        Ok(StModel {
+            architecture,
+            reranker: true,
+            pooling: inferred("none", "the graph scores the pair at its last token"),
+            normalize: inferred(false, "a score, not a vector"),
+            max_tokens,
+            prompts: inferred(BTreeMap::new(), "none for a reranker"),
+            default_prompt_name: None,
+            score_activation: Some(inferred("sigmoid", "the model card: p(\"yes\") over \"yes\" and \"no\"")),
+            onnx: None,
+            dense: Vec::new(),
+            graph_pooling: None,
+            rerank_template: Some(inferred(qwen3_reranker_template(), "Qwen3-Reranker's model card")),
+            score_tokens: Some(("yes".into(), Some("no".into()))),
         })
     }
 
@@ -303,6 +365,8 @@ impl StModel {
             onnx,
             dense: Vec::new(),
             graph_pooling: None,
+            rerank_template: None,
+            score_tokens: None,
         })
     }
 }
@@ -330,13 +394,20 @@ impl StModel {
         if let Some(default) = &self.default_prompt_name {
             settings["default_prompt_name"] = serde_json::json!({"value": default.value, "from": default.from});
         }
+        if let Some((yes, no)) = &self.score_tokens {
+            settings["score_tokens"] = serde_json::json!({"true": yes, "false": no});
+        }
         settings
     }
 
     /// The `[[models]]` entry that serves the prepared model, each inferred
     /// value with the file it came from.
     pub fn entry(&self, repo: &str, commit: &str, dir_name: &str, target: &super::target::Target) -> String {
-        let kind = if self.reranker { "kind = \"reranker\"  # config.json (a sequence classifier with one label)\n" } else { "" };
+        let kind = match (self.reranker, &self.rerank_template) {
+            (true, Some(_)) => "kind = \"reranker\"  # a causal language model named a reranker, with no sentence-transformers modules\n",
+            (true, None) => "kind = \"reranker\"  # config.json (a sequence classifier with one label)\n",
+            (false, _) => "",
+        };
         let engine = target.engine;
         let mut entry = format!(
             "[[models]]\nid = {repo:?}\n{kind}engine = \"{engine}\"\nmodel = \"{{cache}}/models/{dir_name}/{}\"\ntokenizer = \"{{cache}}/models/{dir_name}/tokenizer.json\"\n\
@@ -360,6 +431,18 @@ impl StModel {
         }
         if let Some(default) = &self.default_prompt_name {
             entry += &format!("default_prompt_name = {:?}  # {}\n", default.value, default.from);
+        }
+        if let Some(template) = &self.rerank_template {
+            let mut table = toml_edit::InlineTable::new();
+            for (key, value) in [
+                ("prefix", &template.value.prefix),
+                ("pair", &template.value.pair),
+                ("suffix", &template.value.suffix),
+                ("instruction", &template.value.instruction),
+            ] {
+                table.insert(key, value.as_str().into());
+            }
+            entry += &format!("rerank_template = {table}  # {}\n", template.from);
         }
         entry
     }

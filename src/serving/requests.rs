@@ -75,6 +75,8 @@ pub struct RerankRequest {
     /// A cross-encoder's logits as they are, without its activation.
     pub raw_scores: bool,
     pub keep_alive: Option<KeepAlive>,
+    /// A language-model reranker's instruction, in place of its entry's.
+    pub instruction: Option<String>,
 }
 
 pub struct Ranked {
@@ -356,7 +358,7 @@ impl Service {
         }
         let _admitted = self.admit(&live).map_err(|o| refuse(RequestError::overloaded(o.limit)))?;
         let inputs = if cross_encoder {
-            Inputs::Pairs { query: request.query, documents: request.documents }
+            Inputs::Pairs { query: request.query, documents: request.documents, instruction: request.instruction }
         } else {
             Inputs::Texts(std::iter::once(request.query).chain(request.documents).collect())
         };

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use crate::config::{LongText, ModelConfig, TokenIds};
+use crate::config::{LongText, ModelConfig, RerankTemplate, TokenIds};
 
 /// What a request asks to embed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -23,6 +23,8 @@ pub enum Inputs {
     Pairs {
         query: String,
         documents: Vec<String>,
+        /// A language-model reranker's instruction, in place of its template's.
+        instruction: Option<String>,
     },
 }
 
@@ -32,7 +34,7 @@ impl Inputs {
         match self {
             Inputs::Texts(texts) => texts.iter().map(String::len).sum(),
             Inputs::TokenIds(all) => all.iter().map(|ids| ids.len() * 8).sum(),
-            Inputs::Pairs { query, documents } => documents.iter().map(|d| query.len() + d.len()).sum(),
+            Inputs::Pairs { query, documents, .. } => documents.iter().map(|d| query.len() + d.len()).sum(),
         }
     }
 }
@@ -122,6 +124,8 @@ const PARALLEL_CHUNK: usize = 4;
 pub struct TextTokenizer {
     backend: Box<dyn Vocabulary>,
     split: Split,
+    /// A language-model reranker's template: pairs are written into it.
+    rerank_template: Option<RerankTemplate>,
 }
 
 impl TextTokenizer {
@@ -133,7 +137,7 @@ impl TextTokenizer {
         } else {
             Box::new(hf::HfTokenizer::from_file(path)?)
         };
-        let tokenizer = Self { backend, split };
+        let tokenizer = Self { backend, split, rerank_template: None };
         let specials = tokenizer.backend.specials();
         let (length, stride) = match split {
             Split::Truncate { max_tokens } => (max_tokens, 1),
@@ -151,7 +155,9 @@ impl TextTokenizer {
     }
 
     pub fn from_config(config: &ModelConfig) -> Result<Self, TokenizeError> {
-        Self::load(&config.tokenizer.path(), config.tokenizer_ids, Split::of(config))
+        let mut tokenizer = Self::load(&config.tokenizer.path(), config.tokenizer_ids, Split::of(config))?;
+        tokenizer.rerank_template = config.rerank_template.clone();
+        Ok(tokenizer)
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -192,12 +198,16 @@ impl TextTokenizer {
                     self.split(&content)
                 })
                 .collect::<Result<_, _>>()?,
-            Inputs::Pairs { query, documents } => {
+            Inputs::Pairs { query, documents, instruction } => {
                 let max_tokens = match self.split {
                     Split::Truncate { max_tokens } => max_tokens,
                     Split::Window { window, .. } => window,
                 };
-                return Ok((self.encode_pairs(query, documents, max_tokens)?.into_iter().map(|e| vec![e]).collect(), 0));
+                let encoded = match &self.rerank_template {
+                    Some(template) => self.encode_templated(template, instruction.as_deref(), query, documents, max_tokens)?,
+                    None => self.encode_pairs(query, documents, max_tokens)?,
+                };
+                return Ok((encoded.into_iter().map(|e| vec![e]).collect(), 0));
             }
         };
         let longest = measured.iter().map(|(_, tokens)| *tokens).max().unwrap_or(0);
@@ -224,6 +234,38 @@ impl TextTokenizer {
             documents.par_iter().with_min_len(PARALLEL_CHUNK).map(pair).collect()
         } else {
             documents.iter().map(pair).collect()
+        }
+    }
+
+    /// One sequence per document for a language-model reranker, as its model
+    /// card builds them: the template's prefix, the filled pair (with the
+    /// tokenizer's special tokens, its content cut to what the prefix and
+    /// suffix leave of `max_tokens`) and the suffix, each tokenized apart.
+    pub fn encode_templated(
+        &self,
+        template: &RerankTemplate,
+        instruction: Option<&str>,
+        query: &str,
+        documents: &[String],
+        max_tokens: usize,
+    ) -> Result<Vec<Encoded>, TokenizeError> {
+        let prefix = self.backend.content(&template.prefix)?;
+        let suffix = self.backend.content(&template.suffix)?;
+        let fixed = prefix.len() + suffix.len() + self.backend.specials();
+        if fixed >= max_tokens {
+            return Err(TokenizeError::QueryTooLong { query: prefix.len() + suffix.len(), specials: self.backend.specials(), max_tokens });
+        }
+        let room = max_tokens - fixed;
+        let one = |document: &String| {
+            let content = self.backend.content(&template.fill(instruction, query, document))?;
+            let body = self.backend.wrap(&content[..content.len().min(room)])?;
+            let ids: Vec<i64> = prefix.iter().map(|&i| i as i64).chain(body.ids).chain(suffix.iter().map(|&i| i as i64)).collect();
+            Ok(Encoded { type_ids: vec![0; ids.len()], ids })
+        };
+        if documents.len() >= PARALLEL_FROM {
+            documents.par_iter().with_min_len(PARALLEL_CHUNK).map(one).collect()
+        } else {
+            documents.iter().map(one).collect()
         }
     }
 

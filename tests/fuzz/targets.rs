@@ -57,7 +57,7 @@ pub fn tokenizers(data: &[u8]) {
             _ => {
                 let half = text.char_indices().nth(text.chars().count() / 2).map_or(0, |(i, _)| i);
                 let (query, document) = text.split_at(half);
-                Inputs::Pairs { query: query.to_string(), documents: vec![document.to_string()] }
+                Inputs::Pairs { query: query.to_string(), documents: vec![document.to_string()], instruction: None }
             }
         };
         // /tokenize and /decode: every token's offsets lie inside the text.

@@ -19,6 +19,14 @@ Beside each, reference.json: sentence-transformers' own vectors for the
 texts, with and without prompt_name="query", one text at a time and as one
 padded batch.
 
+qwen3-reranker is laid out as Qwen/Qwen3-Reranker-0.6B is: a
+Qwen3ForCausalLM with tied embeddings, no sentence-transformers files, and a
+tokenizer with the chat tokens and single "yes" and "no" tokens; its
+reference.json holds the scores of its model card's own code (the prefix,
+the instruction template and the suffix, tokenized apart; p(yes) over yes
+and no at the last position, left-padded batch), for the default
+instruction and a given one.
+
     python3 tests/hub/make_decoder_fixtures.py OUT_DIR [FAMILY ...]
 """
 import json
@@ -29,7 +37,7 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors, trainers
-from transformers import (Gemma3TextConfig, Gemma3TextModel, LlamaConfig, LlamaModel, MistralConfig, MistralModel, ModernBertConfig,
+from transformers import (AutoTokenizer, Gemma3TextConfig, Gemma3TextModel, Qwen3ForCausalLM, LlamaConfig, LlamaModel, MistralConfig, MistralModel, ModernBertConfig,
                           ModernBertModel, MPNetConfig, MPNetModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2Model, Qwen3Config,
                           Qwen3Model)
 
@@ -160,12 +168,75 @@ FAMILIES = [
 ]
 
 
+RERANK_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. "
+                 "Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n")
+RERANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def qwen3_reranker(out):
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(20261204)
+    specials = [EOS, "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    tok = Tokenizer(tok_models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 4 + ["yes", "no"] * 200 + [RERANK_PREFIX, RERANK_SUFFIX] * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, model_max_length=256, padding_side="left")
+    fast.save_pretrained(out)
+    config = Qwen3Config(vocab_size=fast.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                         eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id, tie_word_embeddings=True,
+                         architectures=["Qwen3ForCausalLM"])
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.normal_(0.0, 0.2)
+            if n.endswith("norm.weight"):
+                p.add_(1.0)
+    model.save_pretrained(out, safe_serialization=True)
+
+    # The model card's code, as it is.
+    tokenizer = AutoTokenizer.from_pretrained(str(out), padding_side="left")
+    model = Qwen3ForCausalLM.from_pretrained(str(out)).eval()
+    true_id, false_id = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+    assert tokenizer.unk_token_id not in (true_id, false_id) and None not in (true_id, false_id)
+    max_length = 256
+    prefix_tokens = tokenizer.encode(RERANK_PREFIX, add_special_tokens=False)
+    suffix_tokens = tokenizer.encode(RERANK_SUFFIX, add_special_tokens=False)
+
+    def scores(instruction, query, documents):
+        pairs = [f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {d}" for d in documents]
+        inputs = tokenizer(pairs, padding=False, truncation="longest_first", return_attention_mask=False,
+                           max_length=max_length - len(prefix_tokens) - len(suffix_tokens))
+        for i, ids in enumerate(inputs["input_ids"]):
+            inputs["input_ids"][i] = prefix_tokens + ids + suffix_tokens
+        inputs = tokenizer.pad(inputs, padding=True, return_tensors="pt", max_length=max_length)
+        with torch.no_grad():
+            logits = model(**inputs).logits[:, -1, :]
+        pair = torch.stack([logits[:, false_id], logits[:, true_id]], dim=1)
+        return torch.nn.functional.log_softmax(pair, dim=1)[:, 1].exp().tolist()
+
+    query = "What is the capital of Portugal?"
+    documents = TEXTS[:12] + ["Lisbon is the capital of Portugal.", "yes", "x " * 300]
+    given = "Given a question, find the passage that answers it"
+    reference = {"query": query, "documents": documents, "max_tokens": max_length, "true_id": true_id, "false_id": false_id,
+                 "default_instruction": RERANK_INSTRUCTION, "scores": scores(RERANK_INSTRUCTION, query, documents),
+                 "instruction": given, "scores_with_instruction": scores(given, query, documents),
+                 "made_by": f"transformers {__import__('transformers').__version__}, torch {torch.__version__}"}
+    print(f"qwen3-reranker: yes {true_id}, no {false_id}; scores {[round(x, 4) for x in reference['scores'][:4]]}")
+    (out / "reference.json").write_text(json.dumps(reference))
+
+
 def main():
     out = Path(sys.argv[1])
     only = set(sys.argv[2:])
     for name, config_cls, model_cls, extra in FAMILIES:
         if not only or name in only:
             family(name, config_cls, model_cls, out / f"{name}-tiny", extra)
+    if not only or "qwen3-reranker" in only:
+        qwen3_reranker(out / "qwen3-reranker-tiny")
 
 
 if __name__ == "__main__":
