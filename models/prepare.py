@@ -1097,6 +1097,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
     run; else the graph built from its safetensors (BERT, RoBERTa, XLM-RoBERTa,
     DistilBERT, and their sequence classifiers) and checked against the
     float64 numpy network before it is published."""
+    import ml_dtypes  # noqa: F401  numpy's bfloat16, for safetensors in bf16
     import numpy as np
     import onnx
     import onnxruntime as ort

@@ -94,6 +94,8 @@ def encoder_tokenizer(out):
 
 def family(name, config_cls, model_cls, out, extra):
     out.mkdir(parents=True, exist_ok=True)
+    extra = dict(extra)
+    extra_bf16 = extra.pop("bf16", False)
     torch.manual_seed(20261204)
     dense = []
     prompts = {"query": "Instruct: Given a question, retrieve passages that answer it\nQuery: "}
@@ -130,12 +132,18 @@ def family(name, config_cls, model_cls, out, extra):
             # Gemma's norms scale by 1 + weight already.
             if n.endswith("norm.weight") and name != "gemma3":
                 p.add_(1.0)
+    if extra_bf16:
+        # Weights on disk in bfloat16, as Qwen3-Embedding ships them; the
+        # reference computes in float32 from those same rounded weights.
+        model = model.to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
-    transformer = models.Transformer(str(out), max_seq_length=128)
+    transformer = models.Transformer(str(out), max_seq_length=128, model_kwargs={"dtype": torch.float32})
     pooling = models.Pooling(64, pooling_mode=pooling_mode)
     st = SentenceTransformer(modules=[transformer, pooling, *dense, models.Normalize()], prompts=prompts)
     st.save(str(out))
-    st = SentenceTransformer(str(out), device="cpu")
+    if extra_bf16:
+        model.save_pretrained(out, safe_serialization=True)  # sentence-transformers saved its float32 copy
+    st = SentenceTransformer(str(out), device="cpu", model_kwargs={"dtype": torch.float32})
     texts = TEXTS[:16] + ["a", "x " * 200]
     one = [st.encode([t], convert_to_numpy=True)[0] for t in texts]
     batch = st.encode(texts, batch_size=len(texts), convert_to_numpy=True)
@@ -152,6 +160,8 @@ def family(name, config_cls, model_cls, out, extra):
 
 FAMILIES = [
     ("qwen3", Qwen3Config, Qwen3Model, {"head_dim": 16}),
+    # The same family with its weights in bfloat16 on disk.
+    ("qwen3-bf16", Qwen3Config, Qwen3Model, {"head_dim": 16, "bf16": True}),
     ("qwen2", Qwen2Config, Qwen2Model, {}),
     # No sliding window: eeane caps a Mistral's length at its window instead.
     ("mistral", MistralConfig, MistralModel, {"sliding_window": None}),
