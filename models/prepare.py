@@ -975,6 +975,7 @@ def ncnn_from_hub_snapshot(cache, snapshot, name, source, settings):
     from safetensors.numpy import load_file
 
     import bert_onnx
+    import torch_bin
 
     snapshot, out = Path(snapshot), cache / "models" / name
     if manifest_is_current(out) and (out / "model.ncnn.param").is_file():
@@ -982,12 +983,13 @@ def ncnn_from_hub_snapshot(cache, snapshot, name, source, settings):
         if recorded.get("hub") == source and recorded.get("inferred") == settings:
             print(f"{name}: up to date in {out}")
             return
-    weights, cfg = bert_onnx.as_bert(load_file(snapshot / "model.safetensors"), json.loads((snapshot / "config.json").read_text()))
+    weights_file, converted = torch_bin.weights_file(snapshot, out)
+    weights, cfg = bert_onnx.as_bert(load_file(weights_file), json.loads((snapshot / "config.json").read_text()))
     max_tokens = min(int((settings or {}).get("max_tokens", {}).get("value", 512)), int(cfg.get("max_position_embeddings", 512)))
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = out / "tokenizer.source.json"
     hub_tokenizer(snapshot, tokenizer)
-    convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, False, {"hub": source, "inferred": settings})
+    convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, False, {"hub": source, "inferred": settings, **torch_bin.provenance(converted)})
     tokenizer.unlink()
 
 
@@ -1106,12 +1108,17 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
     import bert_onnx
     import decoder_onnx
     import modernbert_onnx
+    import torch_bin
 
     snapshot = Path(snapshot)
     out = cache / "models" / name
-    if manifest_is_current(out) and json.loads((out / "manifest.json").read_text())["source"] == {"hub": source, "inferred": settings}:
+    recorded = json.loads((out / "manifest.json").read_text())["source"] if manifest_is_current(out) else {}
+    if {"hub": recorded.get("hub"), "inferred": recorded.get("inferred")} == {"hub": source, "inferred": settings}:
         print(f"{name}: up to date in {out}")
         return
+    # PyTorch weights only: read without running their pickle and converted once to out/model.safetensors, before anything is written to out.
+    weights_file, converted = torch_bin.weights_file(snapshot, out, needed=not (snapshot / "onnx" / "model.onnx").is_file())
+    manifest_source = {"hub": source, "inferred": settings, **torch_bin.provenance(converted)}
     out.mkdir(parents=True, exist_ok=True)
     tokenizer_from = hub_tokenizer(snapshot, out / "tokenizer.json")
     cfg = json.loads((snapshot / "config.json").read_text())
@@ -1129,7 +1136,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
             reference_graph, made = snapshot / "onnx" / "model.onnx", None
         else:
             made = out / "reference.onnx.tmp"
-            onnx.save_model(bert_onnx.build_graph(*bert_onnx.as_bert(load_file(snapshot / "model.safetensors"), cfg)), made)
+            onnx.save_model(bert_onnx.build_graph(*bert_onnx.as_bert(load_file(weights_file), cfg)), made)
             reference_graph = made
         ours = mean_hidden(tmp, out / "tokenizer.json", CHECK_TEXTS)
         theirs = mean_hidden(reference_graph, out / "tokenizer.json", CHECK_TEXTS)
@@ -1157,7 +1164,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
         # A decoder embedder (Qwen3, Qwen2, Mistral, Llama, Gemma3) or
         # ModernBERT: its own builder, its own numpy network.
         builder = modernbert_onnx if cfg["model_type"] in modernbert_onnx.FAMILIES else decoder_onnx
-        weights = load_file(snapshot / "model.safetensors")
+        weights = load_file(weights_file)
         if (settings or {}).get("score_tokens"):
             # A reranker that is a language model: its head's logits of the
             # true and false tokens at the last position.
@@ -1168,7 +1175,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
             if worst > 1e-4:
                 raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
             os.replace(tmp, out / "model.onnx")
-            write_manifest(out, {"hub": source, "inferred": settings}, {"max_abs_logit_diff": worst, "score_token_ids": list(score_tokens),
+            write_manifest(out, {"hub": source, "inferred": settings, **torch_bin.provenance(converted)}, {"max_abs_logit_diff": worst, "score_token_ids": list(score_tokens),
                                                                          "tokenizer": tokenizer_from})
             print(f"{name}: ready in {out}")
             return
@@ -1179,7 +1186,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
             raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
         checks = {"min_cosine_vs_numpy_float64": worst, "max_rel_hidden_diff": max_rel}
     else:
-        weights, cfg = bert_onnx.as_bert(load_file(snapshot / "model.safetensors"), cfg)
+        weights, cfg = bert_onnx.as_bert(load_file(weights_file), cfg)
         if any(a.endswith("ForSequenceClassification") for a in cfg.get("architectures", [])):
             onnx.save_model(bert_onnx.build_graph(weights, cfg, sequence_classifier=True), tmp)
             worst = check_sequence_classifier(tmp, weights, cfg, out / "tokenizer.json")
@@ -1187,7 +1194,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
             if worst > 1e-4:
                 raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
             os.replace(tmp, out / "model.onnx")
-            write_manifest(out, {"hub": source, "inferred": settings}, {"max_abs_logit_diff": worst})
+            write_manifest(out, manifest_source, {"max_abs_logit_diff": worst})
             print(f"{name}: ready in {out}")
             return
         onnx.save_model(bert_onnx.build_graph(weights, cfg), tmp)
@@ -1199,7 +1206,7 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
     checks.update(append_dense_modules(snapshot, tmp, settings, out / "tokenizer.json") or {})
     checks["tokenizer"] = tokenizer_from
     os.replace(tmp, out / "model.onnx")
-    write_manifest(out, {"hub": source, "inferred": settings}, checks)
+    write_manifest(out, manifest_source, checks)
     print(f"{name}: ready in {out}")
 
 

@@ -512,7 +512,9 @@ fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
 /// read instead of run: the test's run starts from none.
 fn forget_kept_survey(prepared: &str, id: &str) {
     let manifest_path = common::cache_dir().join("models").join(prepared).join("manifest.json");
-    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    // Not prepared yet (fetched at first load): no survey is kept.
+    let Ok(bytes) = std::fs::read(&manifest_path) else { return };
+    let mut manifest: Value = serde_json::from_slice(&bytes).unwrap();
     if let Some(kept) = manifest.get_mut("variants").and_then(Value::as_object_mut) {
         kept.remove(id);
     }
@@ -666,6 +668,7 @@ fn dense_modules_and_camembert_serve_what_the_repository_declares() {
     config += "[[models]]\nid = \"dense-auto\"\nsource = \"hf:eeane-test/minilm-dense\"\nprecision = \"auto\"\n";
     forget_kept_survey("hf--eeane-test--minilm-dense", "dense-auto");
     config += "[[models]]\nid = \"minilm-auto\"\nsource = \"hf:sentence-transformers/all-MiniLM-L6-v2\"\nprecision = \"auto\"\n";
+    forget_kept_survey("hf--sentence-transformers--all-MiniLM-L6-v2", "minilm-auto");
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let texts = common::fixture_texts();
     for (model, repo, width) in repos.iter().map(|r| (*r, *r, if r.contains("dense") { 128 } else { 384 })).chain([("dense-openvino", repos[0], 128)]) {

@@ -19,8 +19,9 @@ pub use super::target::Target;
 /// sentence-transformers and transformers read, the tokenizer, each module's
 /// folder (pooling, dense), and one set of weights: the repository's own
 /// ONNX (`onnx/model.onnx` and its external data) when it ships one, else the
-/// safetensors (sharded or not). Other formats (PyTorch .bin, TensorFlow,
-/// Flax, OpenVINO, other ONNX variants), READMEs and images are left.
+/// safetensors (sharded or not), else PyTorch's pytorch_model.bin or its
+/// shards (`torch_bin`). Other formats (TensorFlow, Flax, OpenVINO, other
+/// ONNX variants), READMEs and images are left.
 /// With `onnx_file` (a variant such as onnx/model_O4.onnx), that file and its
 /// external data too, beside the fp32 weights it is checked against; for
 /// ncnn, the safetensors whatever else the repository ships.
@@ -35,11 +36,12 @@ pub fn select_files(listing: &[&str], target: &Target) -> Vec<String> {
     };
     // A module's own weights (2_Dense/model.safetensors) come whatever graph is served.
     let module_weights = |f: &str| f.ends_with(".safetensors") && f.split('/').count() == 2 && !f.starts_with("onnx/");
+    let pytorch = super::torch_bin::select(listing);
     let weights = |f: &str| {
         if onnx {
             f == "onnx/model.onnx" || f.starts_with("onnx/model.onnx_data") || f == "onnx/model.onnx.data" || module_weights(f)
         } else {
-            f.ends_with(".safetensors") && !f.contains('/') || module_weights(f)
+            f.ends_with(".safetensors") && !f.contains('/') || module_weights(f) || pytorch.iter().any(|p| p == f)
         }
     };
     listing.iter().filter(|f| config_or_tokenizer(f) || weights(f) || variant(f)).map(|f| f.to_string()).collect()
@@ -235,9 +237,10 @@ fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Targe
     if let Some(file) = target.onnx_file.as_deref().filter(|f| !snapshot.dir.join(f).is_file()) {
         return Err(PullError::Unsupported(format!("{} has no {file} at {}", repo.repo, snapshot.commit)));
     }
-    if model.onnx.is_none() && !snapshot.dir.join("model.safetensors").is_file() {
+    let pytorch = super::torch_bin::in_snapshot(&snapshot.dir).filter(|_| model.onnx.is_none());
+    if model.onnx.is_none() && !snapshot.dir.join("model.safetensors").is_file() && pytorch.is_none() {
         return Err(PullError::Unsupported(format!(
-            "{} has no model.safetensors at {} (eeane builds {} graphs from it)",
+            "{} has no model.safetensors (nor pytorch_model.bin) at {} (eeane builds {} graphs from it)",
             repo.repo,
             snapshot.commit,
             if target.reads_repository_onnx() { "ONNX" } else { target.engine }
@@ -256,7 +259,13 @@ fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Targe
     }
     let dir_name = dir_name(&repo, target);
     let pinned = format!("hf:{}@{}", repo.repo, snapshot.commit);
-    let settings = model.settings().to_string();
+    let mut settings = model.settings();
+    let entry = model.entry(&repo.repo, &snapshot.commit, &dir_name, target);
+    let entry = match pytorch {
+        Some(file) => super::torch_bin::converted(&mut settings, &entry, file),
+        None => entry,
+    };
+    let settings = settings.to_string();
     let mut args = vec![
         "--hf-snapshot".into(),
         snapshot.dir.display().to_string(),
@@ -274,7 +283,7 @@ fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Targe
         args.push(flag.into());
     }
     super::run_prepare(cache, &args, target.preparation.setup_extra.unwrap_or(""))?;
-    Ok(model.entry(&repo.repo, &snapshot.commit, &dir_name, target))
+    Ok(entry)
 }
 
 /// No progress shown (the config files are a few kilobytes).

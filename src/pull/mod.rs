@@ -10,6 +10,7 @@ pub mod hf;
 pub mod hub;
 pub mod st;
 pub mod target;
+pub mod torch_bin;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

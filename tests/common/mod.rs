@@ -2,6 +2,8 @@
 //! the cache (prepared by models/setup.sh), and the Python reference.
 #![allow(dead_code)]
 
+pub mod hub;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
