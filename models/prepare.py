@@ -986,11 +986,14 @@ def ncnn_from_hub_snapshot(cache, snapshot, name, source, settings):
     weights_file, converted = torch_bin.weights_file(snapshot, out)
     weights, cfg = bert_onnx.as_bert(load_file(weights_file), json.loads((snapshot / "config.json").read_text()))
     max_tokens = min(int((settings or {}).get("max_tokens", {}).get("value", 512)), int(cfg.get("max_position_embeddings", 512)))
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = out / "tokenizer.source.json"
-    hub_tokenizer(snapshot, tokenizer)
-    convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, False, {"hub": source, "inferred": settings, **torch_bin.provenance(converted)})
-    tokenizer.unlink()
+    import tempfile
+
+    # The tokenizer outside `out`, whose every file the manifest lists.
+    with tempfile.TemporaryDirectory() as work:
+        tokenizer = Path(work) / "tokenizer.json"
+        hub_tokenizer(snapshot, tokenizer)
+        convert_to_ncnn(cache, out, weights, cfg, tokenizer, max_tokens, False,
+                        {"hub": source, "inferred": settings, **torch_bin.provenance(converted)})
 
 
 CHECK_PAIRS = [
