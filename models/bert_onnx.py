@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from graph_builder import GraphBuilder
+from graph_builder import GraphBuilder, Renamed
 
 OPSET = 17  # LayerNormalization is a single op from 17 on
 
@@ -86,23 +86,31 @@ def _bert_layer_name(key, names):
     return f"encoder.layer.{i}.{names.get(stem, stem)}.{suffix}"
 
 
+def _stripped(weights, prefix):
+    """New name -> the checkpoint's, `prefix` taken off the names that have it."""
+    return {(k[len(prefix):] if k.startswith(prefix) else k): k for k in weights}
+
+
 def as_bert_from_mpnet(weights, cfg):
     """An MPNet as BERT's names: its q, k, v, o and attention LayerNorm
     renamed, positions numbered from pad_token_id + 1 as RoBERTa's, no token
     types (a zero row), and its relative attention bias kept under its own
-    name, which the graph and the numpy network add to every layer's scores."""
-    w = {(k[len("mpnet."):] if k.startswith("mpnet.") else k): v for k, v in weights.items()}
-    renamed = {}
-    for k, v in w.items():
+    name, which the graph and the numpy network add to every layer's scores.
+    The result reads `weights` lazily (graph_builder.Renamed)."""
+    names = {}
+    for k, old in _stripped(weights, "mpnet.").items():
         if k.startswith("encoder.layer."):
             k = _bert_layer_name(k, MPNET_LAYER_NAMES)
-        renamed[k] = v
+        names[k] = old
     offset = int(cfg.get("pad_token_id", 1)) + 1
-    renamed["embeddings.position_embeddings.weight"] = renamed["embeddings.position_embeddings.weight"][offset:]
     hidden = int(cfg["hidden_size"])
-    renamed["embeddings.token_type_embeddings.weight"] = np.zeros((1, hidden), np.float32)
-    return renamed, {**cfg, "model_type": "bert", "type_vocab_size": 1, "pooler_activation": "tanh",
-                     "max_position_embeddings": int(cfg["max_position_embeddings"]) - offset}
+    positions = names["embeddings.position_embeddings.weight"]
+    computed = {
+        "embeddings.position_embeddings.weight": lambda: weights[positions][offset:],
+        "embeddings.token_type_embeddings.weight": lambda: np.zeros((1, hidden), np.float32),
+    }
+    return Renamed(weights, names, computed), {**cfg, "model_type": "bert", "type_vocab_size": 1, "pooler_activation": "tanh",
+                                               "max_position_embeddings": int(cfg["max_position_embeddings"]) - offset}
 
 
 def as_bert(weights, cfg):
@@ -114,7 +122,8 @@ def as_bert(weights, cfg):
       classifier.out_proj) is BERT's pooler and classifier under other names.
     - DistilBERT has no token types (a zero row stands in), other layer
       names, and a head of pre_classifier, ReLU, classifier.
-    Returns (weights, cfg) with BERT's names and a "pooler_activation"."""
+    Returns (weights, cfg) with BERT's names and a "pooler_activation";
+    the weights are a view that reads `weights` lazily (graph_builder.Renamed)."""
     kind = cfg.get("model_type", "bert")
     if kind == "mpnet":
         return as_bert_from_mpnet(weights, cfg)
@@ -124,33 +133,37 @@ def as_bert(weights, cfg):
         return weights, {**cfg, "pooler_activation": "tanh"}
     # CamemBERT is RoBERTa's network and layout under its own names.
     base = {"roberta": "roberta.", "xlm-roberta": "roberta.", "camembert": "roberta.", "distilbert": "distilbert."}[kind]
-    w = {(k[len(base):] if k.startswith(base) else k): v for k, v in weights.items()}
+    names = _stripped(weights, base)
     if kind == "distilbert":
         renamed = {}
-        for k, v in w.items():
+        for k, old in names.items():
             if k.startswith("transformer.layer."):
                 k = _bert_layer_name(k, DISTILBERT_LAYER_NAMES)
             elif k.startswith("pre_classifier."):
                 k = "pooler.dense." + k.split(".", 1)[1]
-            renamed[k] = v
+            renamed[k] = old
         hidden = int(cfg["dim"])
-        renamed["embeddings.token_type_embeddings.weight"] = np.zeros((1, hidden), np.float32)
+        computed = {"embeddings.token_type_embeddings.weight": lambda: np.zeros((1, hidden), np.float32)}
         bert_cfg = {"hidden_size": hidden, "type_vocab_size": 1, "num_attention_heads": cfg["n_heads"], "num_hidden_layers": cfg["n_layers"],
                     "intermediate_size": cfg["hidden_dim"], "hidden_act": cfg.get("activation", "gelu"), "layer_norm_eps": 1e-12,
                     "max_position_embeddings": cfg.get("max_position_embeddings", 512), "model_type": "bert",
                     "architectures": cfg.get("architectures", []), "pooler_activation": "relu"}
-        return renamed, bert_cfg
+        return Renamed(weights, renamed, computed), bert_cfg
     offset = int(cfg.get("pad_token_id", 1)) + 1
-    w["embeddings.position_embeddings.weight"] = w["embeddings.position_embeddings.weight"][offset:]
+    positions = names.pop("embeddings.position_embeddings.weight")
     for theirs, ours in (("classifier.dense.", "pooler.dense."), ("classifier.out_proj.", "classifier.")):
-        for k in [k for k in w if k.startswith(theirs)]:
-            w[ours + k[len(theirs):]] = w.pop(k)
-    return w, {**cfg, "model_type": "bert", "max_position_embeddings": int(cfg["max_position_embeddings"]) - offset,
-               "pooler_activation": "tanh"}
+        for k in [k for k in names if k.startswith(theirs)]:
+            names[ours + k[len(theirs):]] = names.pop(k)
+    computed = {"embeddings.position_embeddings.weight": lambda: weights[positions][offset:]}
+    return Renamed(weights, names, computed), {**cfg, "model_type": "bert", "max_position_embeddings": int(cfg["max_position_embeddings"]) - offset,
+                                               "pooler_activation": "tanh"}
 
 
 def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False, cls_head=None, sequence_classifier=False,
-                fusable=False):
+                fusable=False, data=None):
+    """`weights` any mapping of name to array, read as the builder goes; with
+    `data` (graph_builder.ExternalData), the large initializers are written
+    to that file as they are made."""
     p = _prefix(weights)
     # One token type (XLM-R, DistilBERT): the graph takes none, as the model
     # ignores them; BERT-style tokenizers still number a pair's second text 1.
@@ -164,7 +177,7 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
     if cfg.get("position_embedding_type", "absolute") != "absolute":
         raise SystemExit("only absolute position embeddings are supported")
 
-    builder = GraphBuilder(weights, p)
+    builder = GraphBuilder(weights, p, data)
     const, weight, node = builder.const, builder.weight, builder.node
     inits, nodes = builder.inits, builder.nodes
 
@@ -289,7 +302,8 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
     graph = helper.make_graph(nodes, "bert_encoder", inputs, [output], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
     model.ir_version = 8
-    onnx.checker.check_model(model)
+    if data is None:  # with external data, checked once saved beside it (prepare.build_into)
+        onnx.checker.check_model(model)
     return model
 
 
@@ -406,7 +420,7 @@ def numpy_forward(weights, cfg, ids, type_ids=None):
         return x @ w(prefix + ".weight").T + w(prefix + ".bias")
 
     erf = np.vectorize(m.erf)
-    x = w("embeddings.word_embeddings.weight")[ids] + w("embeddings.position_embeddings.weight")[: len(ids)]
+    x = weights[p + "embeddings.word_embeddings.weight"][ids].astype(np.float64) + w("embeddings.position_embeddings.weight")[: len(ids)]
     x = ln(x + w("embeddings.token_type_embeddings.weight")[type_ids], "embeddings.LayerNorm")
     seq, hidden = x.shape
     d = hidden // heads

@@ -121,11 +121,16 @@ def _lm_rows(weights, cfg, ids):
     the config says so or the checkpoint has no head) for token `ids`."""
     p = _prefix(weights)
     head = "lm_head.weight" if "lm_head.weight" in weights else p + "embed_tokens.weight"
-    return np.stack([weights[head][i].astype(np.float64) for i in ids])
+    table = weights[head]
+    return np.stack([np.asarray(table[i], np.float64) for i in ids])
 
 
-def build_graph(weights, cfg, score_tokens=None):
-    """With `score_tokens` (true id, false id or None), a reranker that is a
+def build_graph(weights, cfg, data=None, score_tokens=None):
+    """The graph of `weights` (any mapping of name to array, read as the
+    builder goes); with `data` (graph_builder.ExternalData), its large
+    initializers written to that file as they are made.
+
+    With `score_tokens` (true id, false id or None), a reranker that is a
     language model (Qwen3-Reranker): the output is `logits` [B, 1], the
     head's logit of the true token at each row's last real token, less the
     false token's when there is one (sentence-transformers' LogitScore), so
@@ -135,7 +140,7 @@ def build_graph(weights, cfg, score_tokens=None):
     hidden, heads, kv_heads, hd = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"]
     group = heads // kv_heads
 
-    builder = GraphBuilder(weights, p)
+    builder = GraphBuilder(weights, p, data)
     const, weight, node, constant = builder.const, builder.weight, builder.node, builder.constant
     nodes = builder.nodes
 
@@ -150,7 +155,8 @@ def build_graph(weights, cfg, score_tokens=None):
         return node("Mul", [node("Div", [x, node("Sqrt", [node("Add", [mean_square, eps])])]), weight(name, plus_one=s["gemma"])])
 
     tables = {theta: builder.rope_tables(theta, hd) for theta in sorted(set(s["layer_rope"]))}
-    biases = {window: builder.attention_bias(s["causal"], window) for window in set(s["layer_window"])}
+    # Windows in layer order (not a set's): the same graph every run.
+    biases = {window: builder.attention_bias(s["causal"], window) for window in dict.fromkeys(s["layer_window"])}
 
     q_shape = const("q_shape", np.array([0, 0, heads, hd], np.int64))
     kv_shape = const("kv_shape", np.array([0, 0, kv_heads, hd], np.int64))
@@ -236,7 +242,8 @@ def build_graph(weights, cfg, score_tokens=None):
                               initializer=builder.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
     model.ir_version = 8
-    onnx.checker.check_model(model)
+    if data is None:  # with external data, checked once saved beside it (prepare.build_into)
+        onnx.checker.check_model(model)
     return model
 
 
@@ -256,7 +263,8 @@ def numpy_forward(weights, cfg, ids):
         return y + w(prefix + ".bias") if p + prefix + ".bias" in weights else y
 
     n = len(ids)
-    x = w("embed_tokens.weight")[np.asarray(ids)]
+    # The rows of the text's tokens, widened after the lookup (not the whole table).
+    x = weights[p + "embed_tokens.weight"][np.asarray(ids)].astype(np.float64)
     if s["gemma"]:
         x = x * float(np.float32(math.sqrt(s["hidden"])))
     for i in range(s["layers"]):

@@ -1,30 +1,212 @@
 """The few helpers every graph builder here uses (`bert_onnx.py`,
-`decoder_onnx.py`, `modernbert_onnx.py`): initializers from a checkpoint's
-weights, nodes named by their op and a counter (so that a graph built twice
-is the same), and the parts the rotary families share: RoPE tables and the
-attention bias of full, causal and sliding-window layers. Each has its
-float64 numpy twin (`numpy_*`) for the reference networks."""
+`decoder_onnx.py`, `modernbert_onnx.py`): the checkpoint's weights, read one
+tensor at a time from its safetensors (one file, or the shards an index
+names: `open_checkpoint`); initializers from them, written as they are made
+to an external data file when the graph is too large for one protobuf
+(`ExternalData`); nodes named by their op and a counter (so that a graph
+built twice is the same); and the parts the rotary families share: RoPE
+tables and the attention bias of full, causal and sliding-window layers.
+Each has its float64 numpy twin (`numpy_*`) for the reference networks."""
+import json
 import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+# safetensors' dtypes as numpy reads them; BF16 is read as uint16 and widened
+# to float32 (exactly: bfloat16 is float32's upper half).
+SAFETENSORS_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
+}
+
+
+def safetensors_header(path):
+    """A safetensors file's header: {name: {"dtype", "shape", "data_offsets"}}
+    (offsets from the end of the header) and the data's start in the file. The
+    file is an 8-byte little-endian header length, the JSON header, the data."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if size > 100 << 20:
+            raise SystemExit(f"{path}: a safetensors header of {size} bytes; the file is not safetensors")
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
+class Checkpoint(Mapping):
+    """A checkpoint's tensors by name, each read from its file when asked for
+    (and not kept), so that a graph builder or a reference network holds one
+    tensor at a time, never the whole model. Reads plain file bytes (no
+    memory map, whose pages would stay in the process's resident set)."""
+
+    def __init__(self, files):
+        self.files = [Path(f) for f in files]
+        self.where = {}
+        for path in self.files:
+            header, start = safetensors_header(path)
+            for name, info in header.items():
+                if info["dtype"] not in SAFETENSORS_DTYPES:
+                    raise SystemExit(f"{path.name}: tensor {name} is {info['dtype']}, which eeane does not read")
+                begin, end = info["data_offsets"]
+                self.where[name] = (path, info["dtype"], tuple(info["shape"]), start + begin, end - begin)
+
+    def __getitem__(self, name):
+        path, dtype, shape, offset, length = self.where[name]
+        with open(path, "rb") as f:
+            f.seek(offset)
+            count = int(np.prod(shape, dtype=np.int64))
+            array = np.fromfile(f, dtype=SAFETENSORS_DTYPES[dtype], count=count)
+        if array.nbytes != length:
+            raise SystemExit(f"{path.name}: tensor {name} holds {array.nbytes} of its {length} bytes; the file is truncated")
+        if dtype == "BF16":
+            array = (array.astype(np.uint32) << 16).view(np.float32)
+        return array.reshape(shape)
+
+    def __iter__(self):
+        return iter(self.where)
+
+    def __len__(self):
+        return len(self.where)
+
+    def __contains__(self, name):
+        return name in self.where
+
+    def shape(self, name):
+        return self.where[name][2]
+
+    def parameters(self):
+        """How many numbers the checkpoint holds (the sum of its tensors' shape products)."""
+        return sum(int(np.prod(shape, dtype=np.int64)) for _, _, shape, _, _ in self.where.values())
+
+
+def checkpoint_files(folder):
+    """The safetensors files of a checkpoint folder: model.safetensors, else
+    every shard model.safetensors.index.json names (as transformers looks
+    for them)."""
+    folder = Path(folder)
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        raise SystemExit(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    missing = [s for s in shards if not (folder / s).is_file()]
+    if missing:
+        raise SystemExit(f"{index.name} names {', '.join(missing)}, which {folder} does not hold")
+    return [folder / s for s in shards]
+
+
+def open_checkpoint(folder):
+    """The one loader of every builder: the checkpoint in `folder` (one file
+    or its shards), read lazily. A tensor the index maps to a shard that does
+    not hold it is refused."""
+    folder = Path(folder)
+    checkpoint = Checkpoint(checkpoint_files(folder))
+    index = folder / "model.safetensors.index.json"
+    if not (folder / "model.safetensors").is_file() and index.is_file():
+        for name, shard in json.loads(index.read_text())["weight_map"].items():
+            if checkpoint.where.get(name, (None,))[0] != folder / shard:
+                raise SystemExit(f"{index.name} maps {name} to {shard}, which does not hold it")
+    return checkpoint
+
+
+class Renamed(Mapping):
+    """`base` under other names, still read lazily: `names` maps a new name to
+    the base's, `computed` a new name to a function that makes the tensor
+    (a slice of a base tensor, a constant row)."""
+
+    def __init__(self, base, names, computed=None):
+        self.base, self.names, self.computed = base, dict(names), dict(computed or {})
+
+    def __getitem__(self, name):
+        if name in self.computed:
+            return self.computed[name]()
+        return self.base[self.names[name]]
+
+    def __iter__(self):
+        yield from self.names
+        yield from (k for k in self.computed if k not in self.names)
+
+    def __len__(self):
+        return len(set(self.names) | set(self.computed))
+
+    def __contains__(self, name):
+        return name in self.names or name in self.computed
+
+
+class ExternalData:
+    """Initializers written to one data file as they are made, each as an
+    external TensorProto (location, offset, length) that the graph names, so
+    that the builder holds the graph's structure and one tensor at a time:
+    the form a graph over protobuf's 2 GiB must take. `location` is the data
+    file's name relative to the graph, which must sit beside it. Tensors
+    under `min_bytes` stay inside the graph; each tensor starts on a
+    4096-byte boundary, so that a runtime may map it."""
+
+    ALIGN = 4096
+
+    def __init__(self, path, location=None, min_bytes=1024):
+        self.path = Path(path)
+        self.location = location or self.path.name
+        self.min_bytes = min_bytes
+        self.file = open(self.path, "wb")
+        self.offset = 0
+
+    def tensor(self, array, name):
+        array = np.asarray(array)
+        if array.nbytes < self.min_bytes:
+            return numpy_helper.from_array(array, name)
+        # Little-endian and contiguous, flattened (np.ascontiguousarray would
+        # make a 0-d array 1-d: the shape is kept apart).
+        flat = np.ascontiguousarray(array.reshape(-1), dtype=array.dtype.newbyteorder("<"))
+        pad = -self.offset % self.ALIGN
+        self.file.write(b"\0" * pad)
+        self.offset += pad
+        if flat.nbytes:
+            self.file.write(memoryview(flat).cast("B"))
+        tensor = TensorProto()
+        tensor.name = name
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.dims.extend(array.shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", str(self.offset)), ("length", str(array.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self.offset += array.nbytes
+        return tensor
+
+    def close(self):
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
 
 class GraphBuilder:
-    def __init__(self, weights, prefix=""):
+    """`weights` a mapping of name to array (a `Checkpoint`, a `Renamed`
+    view, a dict); with `data` (an `ExternalData`), large initializers go to
+    its file as they are made."""
+
+    def __init__(self, weights, prefix="", data=None):
         self.weights = weights
         self.prefix = prefix
+        self.data = data
         self.inits, self.nodes = [], []
         self.count = 0
 
     def const(self, name, array):
-        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        array = np.asarray(array)
+        self.inits.append(self.data.tensor(array, name) if self.data else numpy_helper.from_array(array, name))
         return name
 
     def weight(self, name, transpose=False, plus_one=False):
         """The checkpoint's `prefix + name` as float32 (transposed for MatMul;
         plus one for Gemma's norms, which scale by 1 + weight), named `name`."""
-        array = self.weights[self.prefix + name].astype(np.float32)
+        array = self.weights[self.prefix + name].astype(np.float32, copy=False)
         if plus_one:
             array = array + np.float32(1.0)
         return self.const(name, array.T.copy() if transpose else array)

@@ -75,11 +75,12 @@ def _prefix(weights):
     return "model." if "model.embeddings.tok_embeddings.weight" in weights else ""
 
 
-def build_graph(weights, cfg):
+def build_graph(weights, cfg, data=None):
+    """As decoder_onnx.build_graph: `data` takes the large initializers."""
     s = shape(cfg)
     p = _prefix(weights)
     hidden, heads, hd, inter = s["hidden"], s["heads"], s["head_dim"], s["intermediate"]
-    builder = GraphBuilder(weights, p)
+    builder = GraphBuilder(weights, p, data)
     const, weight, node, constant = builder.const, builder.weight, builder.node, builder.constant
 
     def part(name, rows):
@@ -102,7 +103,8 @@ def build_graph(weights, cfg):
         return node("LayerNormalization", inputs, axis=-1, epsilon=s["eps"])
 
     tables = {theta: builder.rope_tables(theta, hd) for theta in sorted(set(s["layer_rope"]))}
-    biases = {window: builder.attention_bias(False, window) for window in set(s["layer_window"])}
+    # Windows in layer order (not a set's): the same graph every run.
+    biases = {window: builder.attention_bias(False, window) for window in dict.fromkeys(s["layer_window"])}
     heads_shape = const("heads_shape", np.array([0, 0, heads, hd], np.int64))
     merge = const("merge", np.array([0, 0, hidden], np.int64))
     scale = const("scale", np.array(1.0 / math.sqrt(hd), np.float32))
@@ -140,7 +142,8 @@ def build_graph(weights, cfg):
                               initializer=builder.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
     model.ir_version = 8
-    onnx.checker.check_model(model)
+    if data is None:  # with external data, checked once saved beside it (prepare.build_into)
+        onnx.checker.check_model(model)
     return model
 
 
@@ -162,7 +165,7 @@ def numpy_forward(weights, cfg, ids):
         return y + w(name + ".bias") if p + name + ".bias" in weights else y
 
     n = len(ids)
-    x = ln(w("embeddings.tok_embeddings.weight")[np.asarray(ids)], "embeddings.norm")
+    x = ln(weights[p + "embeddings.tok_embeddings.weight"][np.asarray(ids)].astype(np.float64), "embeddings.norm")
     for i in range(s["layers"]):
         lp = f"layers.{i}"
         h = x if i == 0 else ln(x, lp + ".attn_norm")

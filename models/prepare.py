@@ -84,9 +84,14 @@ def manifest_is_current(out, recipe=None):
     return all((out / name).exists() and sha256(out / name) == digest for name, digest in m["files"].items())
 
 
-def write_manifest(out, source, checks):
+def write_manifest(out, source, checks, parameters=None):
+    """Every file of `out` with its sha256 (a graph's external data too, so
+    that a changed data file makes the model stale and fails its load), the
+    source and the checks; `parameters` ({"count", "from"}) when known."""
     files = {p.name: sha256(p) for p in sorted(out.iterdir()) if p.is_file() and p.name not in ("manifest.json", "manifest.json.tmp")}
     manifest = {"converter_version": CONVERTER_VERSION, "source": source, "checks": checks, "files": files}
+    if parameters:
+        manifest["parameters"] = parameters
     # Written last and renamed into place: a directory with a manifest is complete.
     (out / "manifest.json.tmp").write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(out / "manifest.json.tmp", out / "manifest.json")
@@ -237,6 +242,7 @@ def check_rotary_onnx(builder, onnx_path, weights, cfg, tokenizer_path):
         mask[i, : len(e)] = 1
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     hidden = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    del sess  # the runtime's copy of the weights goes before the numpy network reads them
     worst, max_abs = 1.0, 0.0
     for i, e in enumerate(encs):
         ref = builder.numpy_forward(weights, cfg, e)
@@ -308,6 +314,7 @@ def check_bert_onnx(onnx_path, weights, cfg, tokenizer_path):
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
     hidden = sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})[0]
+    del sess
     cosines, max_abs = [], 0.0
     for i, e in enumerate(encs):
         n = len(e.ids)
@@ -935,13 +942,12 @@ def ncnn_from_hf(cache, directory, name, fp16_weights):
     """Any BERT, RoBERTa, XLM-RoBERTa or DistilBERT checkpoint in a local directory (config.json,
     model.safetensors, tokenizer.json: what `huggingface-cli download` and
     `AutoTokenizer(...).save_pretrained` leave) to `{cache}/models/NAME`."""
-    from safetensors.numpy import load_file
-
     directory = Path(directory)
     import bert_onnx
+    import graph_builder
 
     cfg = json.loads((directory / "config.json").read_text())
-    weights, bert_cfg = bert_onnx.as_bert(load_file(directory / "model.safetensors"), cfg)
+    weights, bert_cfg = bert_onnx.as_bert(graph_builder.open_checkpoint(directory), cfg)
     max_tokens = int(bert_cfg["max_position_embeddings"])
     convert_to_ncnn(cache, cache / "models" / name, weights, bert_cfg, directory / "tokenizer.json",
                     min(max_tokens, 512), fp16_weights, {"converted_from": str(directory)})
@@ -972,9 +978,8 @@ def ncnn_from_hub_snapshot(cache, snapshot, name, source, settings):
     """A Hub repository's snapshot to ncnn in `{cache}/models/NAME`: the same
     graph builder as its ONNX model (models/bert_onnx.py, from its
     safetensors), made ncnn-friendly and checked by convert_to_ncnn."""
-    from safetensors.numpy import load_file
-
     import bert_onnx
+    import graph_builder
     import torch_bin
 
     snapshot, out = Path(snapshot), cache / "models" / name
@@ -984,7 +989,8 @@ def ncnn_from_hub_snapshot(cache, snapshot, name, source, settings):
             print(f"{name}: up to date in {out}")
             return
     weights_file, converted = torch_bin.weights_file(snapshot, out)
-    weights, cfg = bert_onnx.as_bert(load_file(weights_file), json.loads((snapshot / "config.json").read_text()))
+    checkpoint = graph_builder.open_checkpoint(weights_file.parent if converted else snapshot)
+    weights, cfg = bert_onnx.as_bert(checkpoint, json.loads((snapshot / "config.json").read_text()))
     max_tokens = min(int((settings or {}).get("max_tokens", {}).get("value", 512)), int(cfg.get("max_position_embeddings", 512)))
     import tempfile
 
@@ -1058,10 +1064,10 @@ def append_dense_modules(snapshot, graph_path, settings, tokenizer_path):
     import numpy as np
     import onnx
     import onnxruntime as ort
-    from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 
     import bert_onnx
+    import graph_builder
 
     layers = []
     for module in dense:
@@ -1069,7 +1075,7 @@ def append_dense_modules(snapshot, graph_path, settings, tokenizer_path):
         cfg = json.loads((folder / "config.json").read_text())
         if not (folder / "model.safetensors").is_file():
             raise SystemExit(f"{module['path']} has no model.safetensors (eeane reads a Dense module's weights from safetensors only)")
-        weights = load_file(folder / "model.safetensors")
+        weights = graph_builder.open_checkpoint(folder)
         layers.append((weights["linear.weight"], weights.get("linear.bias") if cfg.get("bias", True) else None, module["activation"]))
     pooling = settings["graph_pooling"]
     model = bert_onnx.append_pooling_and_dense(onnx.load(str(graph_path), load_external_data=False), pooling, layers)
@@ -1096,21 +1102,86 @@ def append_dense_modules(snapshot, graph_path, settings, tokenizer_path):
     return {"dense_min_cosine_vs_numpy_float64": worst, "dense_max_abs_diff": max_abs}
 
 
+EXTERNAL_DATA = "model.onnx_data"
+
+
+def external_data_min_bytes():
+    """A graph whose fp32 weights reach this many bytes (256 MiB) is written
+    with them in model.onnx_data beside model.onnx (ONNX external data),
+    streamed there tensor by tensor as the builder makes them: one protobuf
+    cannot exceed 2 GiB, and the builder then holds one tensor at a time
+    (building a 534 MB graph peaked at 2,629 MiB in one file, 177 MiB
+    streamed: docs/models.md). Smaller graphs stay in one file, as they
+    always were. EEANE_EXTERNAL_DATA_MIN_BYTES
+    sets another bound (the tests set 0 to build a tiny model the way a
+    large one is built)."""
+    return int(os.environ.get("EEANE_EXTERNAL_DATA_MIN_BYTES", 256 << 20))
+
+
+def build_into(folder, build_graph, weights, cfg, fp32_bytes, **options):
+    """folder/model.onnx from `build_graph(weights, cfg, **options)`, its
+    initializers in folder/model.onnx_data when `fp32_bytes` reaches
+    external_data_min_bytes(). Returns the graph's path."""
+    import onnx
+
+    import graph_builder
+
+    folder.mkdir(parents=True, exist_ok=True)
+    data = graph_builder.ExternalData(folder / EXTERNAL_DATA) if fp32_bytes >= external_data_min_bytes() else None
+    try:
+        model = build_graph(weights, cfg, data=data, **options)
+    finally:
+        if data:
+            data.close()
+    onnx.save_model(model, folder / "model.onnx")
+    if data:
+        onnx.checker.check_model(str(folder / "model.onnx"))
+    return folder / "model.onnx"
+
+
+def checkpoint_parameters(weights_folder, snapshot, settings):
+    """{"count", "from"}: the numbers in the checkpoint's safetensors (their
+    headers' shapes, no data read), its Dense modules' included."""
+    import graph_builder
+
+    files = graph_builder.checkpoint_files(weights_folder)
+    count = graph_builder.Checkpoint(files).parameters()
+    where = files[0].name if len(files) == 1 else f"model.safetensors.index.json's {len(files)} shards"
+    for module in (settings or {}).get("dense") or []:
+        count += graph_builder.Checkpoint([Path(snapshot) / module["path"] / "model.safetensors"]).parameters()
+        where += f", {module['path']}/model.safetensors"
+    return {"count": count, "from": f"safetensors headers ({where})"}
+
+
+def publish(build, out, source, checks, parameters=None):
+    """Moves what `build` holds into `out`, then writes the manifest. The old
+    manifest goes first, so that from the first rename on the folder reads as
+    not prepared until the new manifest is written; each file arrives whole,
+    by rename; the graph comes after its external data; a file of an earlier
+    build that this one did not make (its external data) is removed."""
+    (out / "manifest.json").unlink(missing_ok=True)
+    made = sorted((p for p in build.iterdir() if p.is_file()), key=lambda p: p.name == "model.onnx")
+    for path in made:
+        os.replace(path, out / path.name)
+    names = {p.name for p in made}
+    for path in out.iterdir():
+        if path.is_file() and path.name not in names:
+            path.unlink()
+    shutil.rmtree(build)
+    write_manifest(out, source, checks, parameters)
+
+
 def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_file=None):
     """A Hub repository's snapshot (`eeane pull hf:...`) to `{cache}/models/NAME`:
     its own onnx/model.onnx (and external data) when it ships one, checked to
-    run; else the graph built from its safetensors (BERT, RoBERTa, XLM-RoBERTa,
-    DistilBERT, and their sequence classifiers) and checked against the
-    float64 numpy network before it is published."""
-    import ml_dtypes  # noqa: F401  numpy's bfloat16, for safetensors in bf16
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-    from safetensors.numpy import load_file
-
-    import bert_onnx
-    import decoder_onnx
-    import modernbert_onnx
+    run; else the graph built from its safetensors (one file or an index's
+    shards; or its pytorch_model.bin, read without running its pickle and
+    converted to safetensors first; BERT, RoBERTa, XLM-RoBERTa, DistilBERT,
+    MPNet, their sequence classifiers, ModernBERT, decoders and rerankers
+    that are language models) and checked against the float64 numpy network
+    before it is published. Everything is made in NAME/.build and moved into
+    NAME only once checked (`publish`): an interrupted or refused run leaves
+    nothing that is served."""
     import torch_bin
 
     snapshot = Path(snapshot)
@@ -1119,98 +1190,123 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
     if {"hub": recorded.get("hub"), "inferred": recorded.get("inferred")} == {"hub": source, "inferred": settings}:
         print(f"{name}: up to date in {out}")
         return
-    # PyTorch weights only: read without running their pickle and converted once to out/model.safetensors, before anything is written to out.
-    weights_file, converted = torch_bin.weights_file(snapshot, out, needed=not (snapshot / "onnx" / "model.onnx").is_file())
-    manifest_source = {"hub": source, "inferred": settings, **torch_bin.provenance(converted)}
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer_from = hub_tokenizer(snapshot, out / "tokenizer.json")
+    # PyTorch weights only: converted to safetensors in a folder of their
+    # own, before anything is written to NAME, and not kept once the graph
+    # is built (the graph holds the weights).
+    converted_dir = cache / "models" / ".converted" / name
+    shutil.rmtree(converted_dir, ignore_errors=True)
+    converted_dir.mkdir(parents=True)
+    try:
+        _, converted = torch_bin.weights_file(snapshot, converted_dir, needed=not (snapshot / "onnx" / "model.onnx").is_file())
+        weights_folder = converted_dir if converted else snapshot
+        out.mkdir(parents=True, exist_ok=True)
+        build = out / ".build"
+        shutil.rmtree(build, ignore_errors=True)
+        build.mkdir()
+        try:
+            checks, parameters = _onnx_from_hub_snapshot(build, snapshot, weights_folder, name, settings, onnx_file)
+            publish(build, out, {"hub": source, "inferred": settings, **torch_bin.provenance(converted)}, checks, parameters)
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
+    finally:
+        shutil.rmtree(converted_dir, ignore_errors=True)
+    print(f"{name}: ready in {out}")
+
+
+def _onnx_from_hub_snapshot(build, snapshot, weights_folder, name, settings, onnx_file):
+    """onnx_from_hub_snapshot's work in `build`: the checked graph as
+    build/model.onnx (with its data files) and the tokenizer; returns
+    (checks, parameters). The weights are read from `weights_folder`."""
+    import numpy as np
+    import onnxruntime as ort
+
+    import bert_onnx
+    import decoder_onnx
+    import graph_builder
+    import modernbert_onnx
+
+    tokenizer = build / "tokenizer.json"
+    tokenizer_from = hub_tokenizer(snapshot, tokenizer)
     cfg = json.loads((snapshot / "config.json").read_text())
-    tmp = out / "model.onnx.tmp"
+    graph = build / "model.onnx"
+    parameters = None
     if onnx_file:
         # A variant of the repository's graph (optimized, quantized): served
         # only when it stays within 0.9999 cosine of the fp32 graph.
-        import numpy as np
-
         variant = snapshot / onnx_file
         for data in variant.parent.glob(variant.name + "[._]data*"):
-            shutil.copyfile(data, out / data.name)
-        shutil.copyfile(variant, tmp)
+            shutil.copyfile(data, build / data.name)
+        shutil.copyfile(variant, graph)
         if (snapshot / "onnx" / "model.onnx").is_file():
-            reference_graph, made = snapshot / "onnx" / "model.onnx", None
+            reference_graph = snapshot / "onnx" / "model.onnx"
         else:
-            made = out / "reference.onnx.tmp"
-            onnx.save_model(bert_onnx.build_graph(*bert_onnx.as_bert(load_file(weights_file), cfg)), made)
-            reference_graph = made
-        ours = mean_hidden(tmp, out / "tokenizer.json", CHECK_TEXTS)
-        theirs = mean_hidden(reference_graph, out / "tokenizer.json", CHECK_TEXTS)
-        if made:
-            made.unlink()
+            checkpoint = graph_builder.open_checkpoint(weights_folder)
+            weights, bert_cfg = bert_onnx.as_bert(checkpoint, cfg)
+            reference_graph = build_into(build / "reference", bert_onnx.build_graph, weights, bert_cfg, 4 * checkpoint.parameters())
+        ours = mean_hidden(graph, tokenizer, CHECK_TEXTS)
+        theirs = mean_hidden(reference_graph, tokenizer, CHECK_TEXTS)
+        shutil.rmtree(build / "reference", ignore_errors=True)
         worst = min(cosine(a, b) for a, b in zip(ours, theirs))
         print(f"{name}: {onnx_file} vs the fp32 graph on {len(CHECK_TEXTS)} texts: min cosine {worst:.6f}")
         if worst < 0.9999:
-            tmp.unlink()
             raise SystemExit(f"{name}: {onnx_file} drifts from the fp32 graph (min cosine {worst:.6f} < 0.9999 on "
                              f"{len(CHECK_TEXTS)} check texts); not serving it: serve the fp32 graph (no onnx_file)")
         checks = {"variant": onnx_file, "min_cosine_vs_fp32": worst}
     elif (snapshot / "onnx" / "model.onnx").is_file():
         for data in (snapshot / "onnx").glob("model.onnx[._]data*"):
-            shutil.copyfile(data, out / data.name)
-        shutil.copyfile(snapshot / "onnx" / "model.onnx", tmp)
-        sess = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+            shutil.copyfile(data, build / data.name)
+        shutil.copyfile(snapshot / "onnx" / "model.onnx", graph)
+        sess = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
         names = [i.name for i in sess.get_inputs()]
         feed = {n: np.ones((1, 4), np.int64) if n != "token_type_ids" else np.zeros((1, 4), np.int64) for n in names}
         outputs = [o.name for o in sess.get_outputs()]
         sess.run(None, feed)
+        del sess
         checks = {"repository_onnx": True, "inputs": names, "outputs": outputs}
         print(f"{name}: the repository's ONNX runs (inputs {names}, outputs {outputs})")
     elif cfg.get("model_type") in decoder_onnx.FAMILIES + modernbert_onnx.FAMILIES:
         # A decoder embedder (Qwen3, Qwen2, Mistral, Llama, Gemma3) or
         # ModernBERT: its own builder, its own numpy network.
         builder = modernbert_onnx if cfg["model_type"] in modernbert_onnx.FAMILIES else decoder_onnx
-        weights = load_file(weights_file)
+        weights = graph_builder.open_checkpoint(weights_folder)
+        parameters = checkpoint_parameters(weights_folder, snapshot, settings)
         if (settings or {}).get("score_tokens"):
             # A reranker that is a language model: its head's logits of the
             # true and false tokens at the last position.
-            score_tokens = token_ids(out / "tokenizer.json", settings["score_tokens"])
-            onnx.save_model(decoder_onnx.build_graph(weights, cfg, score_tokens=score_tokens), tmp)
-            worst = check_language_model_reranker(tmp, weights, cfg, out / "tokenizer.json", score_tokens)
+            score_tokens = token_ids(tokenizer, settings["score_tokens"])
+            build_into(build, decoder_onnx.build_graph, weights, cfg, 4 * weights.parameters(), score_tokens=score_tokens)
+            worst = check_language_model_reranker(graph, weights, cfg, tokenizer, score_tokens)
             print(f"{name}: ONNX vs numpy float64 score logits on {len(CHECK_PAIRS)} pairs: max |difference| {worst:.2e}")
             if worst > 1e-4:
                 raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
-            os.replace(tmp, out / "model.onnx")
-            write_manifest(out, {"hub": source, "inferred": settings, **torch_bin.provenance(converted)}, {"max_abs_logit_diff": worst, "score_token_ids": list(score_tokens),
-                                                                         "tokenizer": tokenizer_from})
-            print(f"{name}: ready in {out}")
-            return
-        onnx.save_model(builder.build_graph(weights, cfg), tmp)
-        worst, max_rel = check_rotary_onnx(builder, tmp, weights, cfg, out / "tokenizer.json")
+            return {"max_abs_logit_diff": worst, "score_token_ids": list(score_tokens), "tokenizer": tokenizer_from}, parameters
+        build_into(build, builder.build_graph, weights, cfg, 4 * weights.parameters())
+        worst, max_rel = check_rotary_onnx(builder, graph, weights, cfg, tokenizer)
         print(f"{name}: ONNX vs numpy float64, every token's state: min cosine {worst:.8f}, max |diff| / max |state| {max_rel:.2e}")
         if worst < 0.99999 or max_rel > 1e-3:
             raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
         checks = {"min_cosine_vs_numpy_float64": worst, "max_rel_hidden_diff": max_rel}
     else:
-        weights, cfg = bert_onnx.as_bert(load_file(weights_file), cfg)
+        checkpoint = graph_builder.open_checkpoint(weights_folder)
+        parameters = checkpoint_parameters(weights_folder, snapshot, settings)
+        weights, cfg = bert_onnx.as_bert(checkpoint, cfg)
+        fp32_bytes = 4 * checkpoint.parameters()
         if any(a.endswith("ForSequenceClassification") for a in cfg.get("architectures", [])):
-            onnx.save_model(bert_onnx.build_graph(weights, cfg, sequence_classifier=True), tmp)
-            worst = check_sequence_classifier(tmp, weights, cfg, out / "tokenizer.json")
+            build_into(build, bert_onnx.build_graph, weights, cfg, fp32_bytes, sequence_classifier=True)
+            worst = check_sequence_classifier(graph, weights, cfg, tokenizer)
             print(f"{name}: ONNX vs numpy float64 logits on {len(CHECK_PAIRS)} pairs: max |difference| {worst:.2e}")
             if worst > 1e-4:
                 raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
-            os.replace(tmp, out / "model.onnx")
-            write_manifest(out, manifest_source, {"max_abs_logit_diff": worst})
-            print(f"{name}: ready in {out}")
-            return
-        onnx.save_model(bert_onnx.build_graph(weights, cfg), tmp)
-        cosines, max_abs = check_bert_onnx(tmp, weights, cfg, out / "tokenizer.json")
+            return {"max_abs_logit_diff": worst, "tokenizer": tokenizer_from}, parameters
+        build_into(build, bert_onnx.build_graph, weights, cfg, fp32_bytes)
+        cosines, max_abs = check_bert_onnx(graph, weights, cfg, tokenizer)
         print(f"{name}: ONNX vs numpy float64: min cosine {min(cosines):.8f}, max |hidden diff| {max_abs:.2e}")
         if min(cosines) < 0.99999 or max_abs > 1e-3:
             raise SystemExit(f"{name}: the ONNX graph drifts from the reference network; not publishing it")
         checks = {"min_cosine_vs_numpy_float64": min(cosines), "max_abs_hidden_diff": max_abs}
-    checks.update(append_dense_modules(snapshot, tmp, settings, out / "tokenizer.json") or {})
+    checks.update(append_dense_modules(snapshot, graph, settings, tokenizer) or {})
     checks["tokenizer"] = tokenizer_from
-    os.replace(tmp, out / "model.onnx")
-    write_manifest(out, manifest_source, checks)
-    print(f"{name}: ready in {out}")
+    return checks, parameters
 
 
 def prepare_minilm_reranker(cache):

@@ -410,8 +410,15 @@ fn check_config(config: &Config) -> ExitCode {
                 eprintln!("eeane: warning: models {:?}: {what} file {} does not exist yet", m.id, path.display());
             }
         }
+        // Its load would be refused now: its weights need more memory than is available.
+        if m.policy(&config.server) != eeane::config::LoadPolicy::Disabled {
+            if let Some(why) = m.memory_refusal() {
+                eprintln!("eeane: warning: {why}");
+            }
+        }
     }
-    print!("{}", config.to_toml());
+    // Each entry's parameter count and the memory of its weights, as comments.
+    print!("{}", config.to_toml_with_sizes());
     ExitCode::SUCCESS
 }
 

@@ -157,6 +157,11 @@ impl LoadedModel {
         }
         let files = vec![config.model.path(), config.tokenizer.path()];
         blocking(&config.id, "manifest check", move || crate::integrity::verify(&files)).await??;
+        // Refused before an engine starts when its weights cannot fit in this machine's memory.
+        let sized = config.clone();
+        if let Some(why) = blocking(&config.id, "memory check", move || sized.memory_refusal()).await? {
+            return Err(ModelError::Source(crate::pull::PullError::Memory(why)));
+        }
         let tokenizer = {
             let config = config.clone();
             blocking(&config.id.clone(), "tokenizer load", move || TextTokenizer::from_config(&config)).await??

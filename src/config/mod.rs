@@ -10,6 +10,7 @@ use figment::value::magic::RelativePathBuf;
 use figment::Figment;
 use serde::{Deserialize, Serialize, Serializer};
 
+mod size;
 mod sources;
 mod validate;
 

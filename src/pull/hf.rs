@@ -233,18 +233,38 @@ fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Targe
     // The configs first: an architecture eeane cannot serve is refused before the weights come.
     let (configs, ships_onnx) = fetch_configs(&hub, &repo, progress)?;
     let model = read_for(&configs.dir, &repo.repo, ships_onnx, target)?;
+    // Preparing holds the weights in fp32 (the graph is built, then run by
+    // its checks): a model this machine cannot hold is refused, before its
+    // shards come when its index says its size.
+    let prepared = cache.join("models").join(dir_name(&repo, target));
+    let available = if download_only { None } else { super::size::available() };
+    if let (Some(available), None) = (&available, &model.onnx) {
+        if let Some(why) = super::size::index_estimate(&configs.dir).and_then(|w| super::size::prepare_refusal(source, w, 4, available, &prepared)) {
+            return Err(PullError::Memory(why));
+        }
+    }
     let snapshot = runtime.block_on(hub.snapshot(&repo, |listing| select_files(listing, target), progress))?;
     if let Some(file) = target.onnx_file.as_deref().filter(|f| !snapshot.dir.join(f).is_file()) {
         return Err(PullError::Unsupported(format!("{} has no {file} at {}", repo.repo, snapshot.commit)));
     }
     let pytorch = super::torch_bin::in_snapshot(&snapshot.dir).filter(|_| model.onnx.is_none());
-    if model.onnx.is_none() && !snapshot.dir.join("model.safetensors").is_file() && pytorch.is_none() {
-        return Err(PullError::Unsupported(format!(
-            "{} has no model.safetensors (nor pytorch_model.bin) at {} (eeane builds {} graphs from it)",
-            repo.repo,
-            snapshot.commit,
-            if target.reads_repository_onnx() { "ONNX" } else { target.engine }
-        )));
+    if model.onnx.is_none() && pytorch.is_none() {
+        // model.safetensors, or the shards model.safetensors.index.json names.
+        super::size::checkpoint_files(&snapshot.dir).map_err(|why| {
+            PullError::Unsupported(format!(
+                "{} at {}: {why}, nor pytorch_model.bin (eeane builds {} graphs from its weights)",
+                repo.repo,
+                snapshot.commit,
+                if target.reads_repository_onnx() { "ONNX" } else { target.engine }
+            ))
+        })?;
+    }
+    if let Some(available) = &available {
+        if let Some((weights, per)) = super::size::repository_weights(&snapshot.dir, model.onnx.as_deref()) {
+            if let Some(why) = super::size::prepare_refusal(source, weights, per, available, &prepared) {
+                return Err(PullError::Memory(why));
+            }
+        }
     }
     eprintln!(
         "{}@{}: commit {}, {:.1} MiB downloaded, in {}",
@@ -353,6 +373,16 @@ mod tests {
         for f in ["pytorch_model.bin", "tf_model.h5", "README.md", "onnx/model_O4.onnx", "openvino/openvino_model.xml"] {
             assert!(!chosen.contains(&f.to_string()), "{f} chosen");
         }
+        // A sharded checkpoint: every shard and the index.
+        let sharded = [
+            "config.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "pytorch_model.bin.index.json",
+            "tokenizer.json",
+        ];
+        assert_eq!(select_files(&sharded, &Target::default_engine()), sharded, "every shard and index is taken (a .bin index is a small JSON file)");
         let with_onnx = ["config.json", "model.safetensors", "onnx/model.onnx", "onnx/model.onnx_data", "onnx/model_quantized.onnx", "tokenizer.json"];
         assert_eq!(select_files(&with_onnx, &Target::default_engine()), ["config.json", "onnx/model.onnx", "onnx/model.onnx_data", "tokenizer.json"]);
         // A Dense module's weights come with the repository's graph too.

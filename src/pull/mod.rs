@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod download;
 pub mod hf;
 pub mod hub;
+pub mod size;
 pub mod st;
 pub mod target;
 pub mod torch_bin;
@@ -41,6 +42,10 @@ pub enum PullError {
     /// Preparing the model (conversion and its checks) failed.
     #[error("{0}")]
     Prepare(String),
+    /// The model's weights need more memory than this machine has available
+    /// (`size::refusal`: the memory needed, the memory available, the fix).
+    #[error("{0}")]
+    Memory(String),
 }
 
 pub struct PullOptions {

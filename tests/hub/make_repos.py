@@ -49,6 +49,11 @@ weights the project already has, laid out as on the Hub:
                                           prompt): tests/hub/fixtures/, made once by
                                           make_decoder_fixtures.py with transformers'
                                           save_pretrained and sentence-transformers
+  eeane-test/qwen3-tiny-sharded           qwen3-tiny's checkpoint split into two shards
+                                          with model.safetensors.index.json, as
+                                          save_pretrained shards a large model
+  eeane-test/qwen3-tiny-bf16-sharded      the same in bfloat16 (safetensors BF16), as
+                                          Qwen3-Embedding ships its weights
   eeane-test/minilm-distilbert            all-MiniLM-L6-v2 as a DistilBertModel
                                           (token type 0 folded into positions):
                                           both compute MiniLM's own vectors
@@ -244,6 +249,60 @@ def dense_repos(minilm, onnx_only, out):
         save_file({"linear.weight": weight, "linear.bias": bias}, str(folder / "2_Dense/model.safetensors"), metadata={"format": "pt"})
 
 
+def write_safetensors(path, tensors, metadata=None):
+    """A safetensors file from {name: (dtype, shape, bytes)}: the 8-byte
+    header length, the JSON header, the data (safetensors.numpy cannot write BF16)."""
+    header, data, offset = {}, [], 0
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
+        data.append(raw)
+        offset += len(raw)
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for raw in data:
+            f.write(raw)
+
+
+def sharded(source, repo, shards=2, bf16=False):
+    """`source`'s repository with its model.safetensors split into `shards`
+    files and model.safetensors.index.json (weight_map, metadata.total_size),
+    as transformers' save_pretrained shards a large model; with `bf16`, its
+    float32 tensors rounded to bfloat16 (to nearest, ties to even)."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    shutil.copytree(source, repo, ignore=shutil.ignore_patterns("model.safetensors", "reference.json"))
+    weights = load_file(source / "model.safetensors")
+    tensors = {}
+    for name, array in weights.items():
+        if bf16 and array.dtype == np.float32:
+            bits = array.view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            tensors[name] = ("BF16", array.shape, rounded.tobytes())
+        else:
+            tensors[name] = ({np.float32: "F32", np.int64: "I64"}[array.dtype.type], array.shape, array.tobytes())
+    names = list(tensors)
+    total = sum(len(t[2]) for t in tensors.values())
+    weight_map, start = {}, 0
+    for i in range(shards):
+        part = names[start:start + -(-(len(names) - start) // (shards - i))]
+        start += len(part)
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        write_safetensors(repo / file, {n: tensors[n] for n in part}, {"format": "pt"})
+        weight_map.update({n: file for n in part})
+    write(repo / "model.safetensors.index.json", json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    if bf16:
+        config = json.loads((repo / "config.json").read_text())
+        config["dtype"] = "bfloat16"
+        write(repo / "config.json", json.dumps(config, indent=2))
+
+
 def minilm_as(minilm, out):
     """all-MiniLM-L6-v2's weights as a RobertaModel and as a DistilBertModel,
     and its cross-encoder as a DistilBertForSequenceClassification."""
@@ -381,6 +440,8 @@ def main():
     for fixture in sorted((Path(__file__).resolve().parent / "fixtures").iterdir()):
         shutil.copytree(fixture, out / "eeane-test" / fixture.name,
                         ignore=shutil.ignore_patterns("reference.json"))
+    sharded(out / "eeane-test/qwen3-tiny", out / "eeane-test/qwen3-tiny-sharded")
+    sharded(out / "eeane-test/qwen3-tiny", out / "eeane-test/qwen3-tiny-bf16-sharded", bf16=True)
 
     gated = out / "eeane-test/gated-minilm"
     shutil.copytree(minilm, gated)

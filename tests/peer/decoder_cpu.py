@@ -15,7 +15,7 @@ sentence-transformers' only as a check that both compute the same network.
          (it appends the end-of-text token as Qwen3-Embedding's does).
          Needs torch, transformers and sentence-transformers.
   st:    sentence-transformers' row (run by `bench` in the torch venv).
-  bench: the texts (paragraphs of Python's standard library, cut to 60..220
+  bench: the texts (paragraphs of Python's standard library, of 90..250
          tokens, so a mean near 135), then
          - sentence-transformers: load time, peak RSS, texts/s of encode
            (batch_size 16, torch's threads = the cores), warm;
@@ -78,7 +78,7 @@ def texts_for(tokenizer_path, n):
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
         for paragraph in path.read_text(errors="replace").split("\n\n"):
             paragraph = paragraph.strip("\n")
-            if 60 <= len(tok.encode(paragraph).ids) <= 220:
+            if 90 <= len(tok.encode(paragraph).ids) <= 250:
                 texts.append(paragraph)
             if len(texts) == n:
                 return texts
