@@ -1,8 +1,8 @@
 //! Repositories that ship PyTorch weights only (`pytorch_model.bin`, or its
 //! shards and `pytorch_model.bin.index.json`), pulled from the Hub look-alike
 //! (tests/hub/lookalike.py) on loopback: their pickle read without running
-//! it (models/torch_bin.py), converted once to model.safetensors in the
-//! prepared folder, served at sentence-transformers' own vectors; a file
+//! it (models/torch_bin.py), converted to model.safetensors to build the
+//! graph from (not kept), served at sentence-transformers' own vectors; a file
 //! whose pickle names any global a state dict does not need refused by
 //! name, with nothing kept. The repositories come from
 //! tests/hub/make_bin_repos.py (tests/hub/fixtures/bert-bin-*, made once
@@ -57,7 +57,7 @@ fn the_restricted_unpickler_reads_what_torch_wrote_and_refuses_every_other_globa
 
 /// A BertForMaskedLM (its decoder tied to the word embeddings) in one
 /// pytorch_model.bin and in two shards with an index: each pulled, its
-/// snapshot left as the repository ships it, converted once to
+/// snapshot left as the repository ships it, converted to
 /// model.safetensors with the sources' sha256 in the manifest, and served
 /// over HTTP at sentence-transformers' vectors (computed by it from the same
 /// .bin), one text a request and as one padded batch; the sharded one on
@@ -90,14 +90,16 @@ fn pytorch_model_bin_and_its_shards_serve_sentence_transformers_vectors() {
             assert!(held.contains(&file.to_string()), "{file} not fetched: {held:?}");
             assert_eq!(sha256_hex(&snapshot.join(file)), sha256_hex(&fixture(name).join(file)), "{file} changed in the HF cache");
         }
-        // The prepared folder: the converted weights, the graph, and the sources' sha256 in the manifest.
+        // The prepared folder: the graph, and the converted sources' sha256 in the manifest.
         let dir = prepared(&repo);
         let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
         let converted = &manifest["source"]["converted_weights"];
         let sources: serde_json::Map<String, Value> = files.iter().map(|f| (f.to_string(), Value::from(sha256_hex(&fixture(name).join(f))))).collect();
         assert_eq!(converted["from"], Value::Object(sources), "{manifest}");
         assert_eq!(converted["to"], "model.safetensors");
-        assert!(manifest["files"]["model.safetensors"].is_string() && manifest["files"]["model.onnx"].is_string(), "{manifest}");
+        // The converted weights are not kept once the graph holds them.
+        assert!(manifest["files"]["model.onnx"].is_string() && manifest["files"].get("model.safetensors").is_none(), "{manifest}");
+        assert!(!dir.join("model.safetensors").exists(), "{:?}", files_under(&dir));
         assert_eq!(manifest["source"]["inferred"]["weights"], weights.as_str(), "{manifest}");
         assert!(!files_under(&dir).iter().any(|f| f.ends_with(".tmp")), "{:?}", files_under(&dir));
         println!("{repo}: {} tensors from {} ({}), converted to model.safetensors", converted["tensors"], files.join(", "), converted["dtypes"]);
