@@ -162,7 +162,7 @@ def bench(args):
     try:
         while not port_file.exists() or not port_file.read_text().strip():
             time.sleep(0.2)
-        env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port_file.read_text().strip()}", "HF_HOME": str(work / "hf"),
+        env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port_file.read_text().split()[0]}", "HF_HOME": str(work / "hf"),
                "HF_TOKEN": "hf_lookalike_token"}
         started = time.perf_counter()
         pulled = subprocess.run([args.eeane, "pull", f"hf:{REPO_ID}"], env=env, capture_output=True, text=True)
