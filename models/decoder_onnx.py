@@ -209,12 +209,7 @@ def build_graph(weights, cfg, data=None, score_tokens=None):
             h = rms_norm(x, lp + ".post_attention_layernorm.weight")
         gate = linear(h, lp + ".mlp.gate_proj")
         if s["gelu"]:
-            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-            cube = node("Mul", [node("Mul", [gate, gate]), gate])
-            inner = node("Mul", [node("Add", [gate, node("Mul", [cube, constant("c", np.array(0.044715, np.float32))])]),
-                                 constant("k", np.array(math.sqrt(2.0 / math.pi), np.float32))])
-            activated = node("Mul", [node("Mul", [gate, constant("half", np.array(0.5, np.float32))]),
-                                     node("Add", [node("Tanh", [inner]), constant("one", np.array(1.0, np.float32))])])
+            activated = builder.gelu(gate, exact=False)
         else:
             activated = node("Mul", [gate, node("Sigmoid", [gate])])
         mlp = linear(node("Mul", [activated, linear(h, lp + ".mlp.up_proj")]), lp + ".mlp.down_proj")

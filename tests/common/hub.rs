@@ -44,6 +44,17 @@ impl LookAlike {
         let hub_port = text.split_whitespace().next().unwrap().to_string();
         LookAlike { child, endpoint: format!("http://127.0.0.1:{hub_port}") }
     }
+
+    /// Every request it saw: server, method, path, whether it carried a token, its Range.
+    pub fn log(&self) -> Vec<serde_json::Value> {
+        reqwest::blocking::get(format!("{}/_lookalike/log", self.endpoint)).unwrap().json().unwrap()
+    }
+
+    /// `kind` (truncate_once, corrupt) for the LFS file with this sha256.
+    pub fn fault(&self, kind: &str, sha256: &str) {
+        let status = reqwest::blocking::Client::new().post(format!("{}/_lookalike/fault?kind={kind}&sha={sha256}", self.endpoint)).send().unwrap().status();
+        assert_eq!(status, 204);
+    }
 }
 
 impl Drop for LookAlike {
