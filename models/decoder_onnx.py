@@ -25,7 +25,6 @@ network, used to check the graph before it is published.
 import math
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper
 
 from graph_builder import GraphBuilder, gelu_tanh, numpy_allowed, numpy_attention, numpy_rope
@@ -217,10 +216,9 @@ def build_graph(weights, cfg, data=None, score_tokens=None):
             mlp = rms_norm(mlp, lp + ".post_feedforward_layernorm.weight")
         x = node("Add", [x, mlp])
     states = rms_norm(x, "norm.weight")
-    int_input = lambda name: helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
     if score_tokens is None:
         nodes.append(helper.make_node("Identity", [states], ["last_hidden_state"]))
-        output = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])
+        output = ("last_hidden_state", ["batch", "sequence", hidden])
     else:
         # The last real token of each right-padded row: position == length - 1.
         length = node("ReduceSum", ["attention_mask", constant("axis", np.array([1], np.int64))], keepdims=1)
@@ -232,14 +230,8 @@ def build_graph(weights, cfg, data=None, score_tokens=None):
         rows = _lm_rows(weights, cfg, [true_id])[0] - (_lm_rows(weights, cfg, [false_id])[0] if false_id is not None else 0.0)
         score = node("MatMul", [pooled, constant("score_head", rows.astype(np.float32).reshape(-1, 1))])
         nodes.append(helper.make_node("Identity", [score], ["logits"]))
-        output = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1])
-    graph = helper.make_graph(nodes, f"{s['kind']}_decoder", [int_input("input_ids"), int_input("attention_mask")], [output],
-                              initializer=builder.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
-    model.ir_version = 8
-    if data is None:  # with external data, checked once saved beside it (prepare.build_into)
-        onnx.checker.check_model(model)
-    return model
+        output = ("logits", ["batch", 1])
+    return builder.model(f"{s['kind']}_decoder", *output, OPSET)
 
 
 def numpy_forward(weights, cfg, ids):

@@ -222,6 +222,22 @@ class GraphBuilder:
         self.count += 1
         return self.const(f"{stem}_{self.count}", array)
 
+    def model(self, name, output, output_shape, opset):
+        """The finished model: inputs input_ids and attention_mask (int64 [B, S]),
+        `output` (the name of its last node's result, as float32 of
+        `output_shape`), checked here unless its weights go to external data
+        (checked once saved beside it: prepare.build_into)."""
+        import onnx
+
+        int_input = lambda n: helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
+        graph = helper.make_graph(self.nodes, name, [int_input("input_ids"), int_input("attention_mask")],
+                                  [helper.make_tensor_value_info(output, TensorProto.FLOAT, output_shape)], initializer=self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="eeane-models")
+        model.ir_version = 8
+        if self.data is None:
+            onnx.checker.check_model(model)
+        return model
+
     def gelu(self, x, exact):
         """GELU of x: exact, 0.5 x (1 + erf(x / sqrt 2)); or tanh-approximated,
         0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (ONNX's Gelu op needs opset 20)."""

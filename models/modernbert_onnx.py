@@ -19,8 +19,7 @@ network, used to check the graph before it is published.
 import math
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from graph_builder import GraphBuilder, gelu_tanh, numpy_allowed, numpy_attention, numpy_rope
 
@@ -127,15 +126,7 @@ def build_graph(weights, cfg, data=None):
         activated = builder.gelu(value, exact=s["exact_gelu"])
         x = node("Add", [x, linear(node("Mul", [activated, gate]), lp + ".mlp.Wo")])
     builder.nodes.append(helper.make_node("Identity", [layer_norm(x, "final_norm")], ["last_hidden_state"]))
-    int_input = lambda name: helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"])
-    output = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden])
-    graph = helper.make_graph(builder.nodes, "modernbert", [int_input("input_ids"), int_input("attention_mask")], [output],
-                              initializer=builder.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
-    model.ir_version = 8
-    if data is None:  # with external data, checked once saved beside it (prepare.build_into)
-        onnx.checker.check_model(model)
-    return model
+    return builder.model("modernbert", "last_hidden_state", ["batch", "sequence", hidden], OPSET)
 
 
 def numpy_forward(weights, cfg, ids):
