@@ -962,7 +962,7 @@ def hub_tokenizer(snapshot, out):
 
     kind = vocab_tokenizer.tokenizer_class(snapshot)
     vocab_tokenizer.write(snapshot, out)
-    files = [f for f in ("vocab.json", "merges.txt", "vocab.txt") if (snapshot / f).is_file()]
+    files = [f for f in ("vocab.json", "merges.txt", "vocab.txt", "sentencepiece.bpe.model") if (snapshot / f).is_file()]
     built = f"built from {' + '.join(files)} as transformers' {kind} builds it"
     print(f"{snapshot.name}: no tokenizer.json; {built}")
     return built

@@ -13,21 +13,28 @@ constructs every tokenizer from these files with the `tokenizers` library):
   0 then 1), WordPiece decoder. DistilBERT's is BERT's; MPNet's is BERT's
   with <s> A </s> (pairs <s> A </s> </s> B </s>).
 
+- XLM-R's SentencePiece, from sentencepiece.bpe.model: a Unigram over
+  fairseq's numbering (<s>, <pad>, </s>, <unk>, then the model's pieces from
+  its fourth on, <mask> last; unk id 3), the model's own precompiled
+  normalizer, WhitespaceSplit then Metaspace (prefix "▁" unless
+  add_prefix_space is off), <s> A </s> (pairs <s> A </s> </s> B </s>).
+
 The special tokens (and any added tokens tokenizer_config.json lists) are
 added as transformers adds them. Which class applies comes from
 tokenizer_config.json's tokenizer_class, else from the files present.
-SentencePiece repositories (XLM-R, CamemBERT, T5) are refused by name for
-now, with the export that gives them a tokenizer.json.
+CamemBERT's and T5's SentencePiece numberings are refused by name for now,
+with the command that gives them a tokenizer.json.
 """
 import json
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
-from tokenizers.models import BPE, WordPiece
+from tokenizers.models import BPE, Unigram, WordPiece
 
 BYTE_LEVEL_BPE = ("RobertaTokenizer",)
 WORDPIECE = ("BertTokenizer", "DistilBertTokenizer", "MPNetTokenizer")
-SENTENCEPIECE = ("XLMRobertaTokenizer", "CamembertTokenizer", "T5Tokenizer")
+SENTENCEPIECE = ("XLMRobertaTokenizer",)
+SENTENCEPIECE_REFUSED = ("CamembertTokenizer", "T5Tokenizer")
 
 DEFAULTS = {
     "RobertaTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>", "unk_token": "<unk>",
@@ -37,6 +44,7 @@ DEFAULTS = {
                        "pad_token": "<pad>", "mask_token": "<mask>"},
 }
 DEFAULTS["DistilBertTokenizer"] = DEFAULTS["BertTokenizer"]
+DEFAULTS["XLMRobertaTokenizer"] = DEFAULTS["RobertaTokenizer"]
 
 
 class Unsupported(SystemExit):
@@ -61,6 +69,8 @@ def tokenizer_class(snapshot):
         return "RobertaTokenizer"
     if (snapshot / "vocab.txt").is_file():
         return "BertTokenizer"
+    if (snapshot / "sentencepiece.bpe.model").is_file():
+        return "XLMRobertaTokenizer"
     return None
 
 
@@ -71,11 +81,11 @@ def build(snapshot):
     config = _read_json(snapshot / "tokenizer_config.json")
     special_map = _read_json(snapshot / "special_tokens_map.json")
     kind = tokenizer_class(snapshot)
-    if kind in SENTENCEPIECE:
-        raise Unsupported(f"{kind}: eeane does not build SentencePiece tokenizers from their .model file yet; save a tokenizer.json "
+    if kind in SENTENCEPIECE_REFUSED:
+        raise Unsupported(f"{kind}: eeane builds SentencePiece tokenizers for XLM-R's numbering only so far; save a tokenizer.json "
                           f"with transformers (AutoTokenizer.from_pretrained(repo).save_pretrained(dir)) and serve that folder")
-    if kind not in BYTE_LEVEL_BPE + WORDPIECE:
-        raise Unsupported(f"tokenizer class {kind!r} with no tokenizer.json: eeane builds {', '.join(BYTE_LEVEL_BPE + WORDPIECE)} "
+    if kind not in BYTE_LEVEL_BPE + WORDPIECE + SENTENCEPIECE:
+        raise Unsupported(f"tokenizer class {kind!r} with no tokenizer.json: eeane builds {', '.join(BYTE_LEVEL_BPE + WORDPIECE + SENTENCEPIECE)} "
                           f"from their vocabulary files")
     specials = dict(DEFAULTS[kind])
     declared = {}  # special tokens written as AddedToken dicts, with their flags
@@ -95,6 +105,8 @@ def build(snapshot):
         trim_offsets = bool(config.get("trim_offsets", True))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
         tok.decoder = decoders.ByteLevel()
+    elif kind in SENTENCEPIECE:
+        tok, add_prefix_space = _xlm_roberta(snapshot, config, specials)
     else:
         if not (snapshot / "vocab.txt").is_file():
             raise Unsupported(f"{kind} needs vocab.txt, which the repository does not have")
@@ -142,6 +154,10 @@ def build(snapshot):
         tok.post_processor = processors.RobertaProcessing((specials["sep_token"], token_id("sep_token")),
                                                           (specials["cls_token"], token_id("cls_token")),
                                                           trim_offsets=trim_offsets, add_prefix_space=add_prefix_space)
+    elif kind in SENTENCEPIECE:
+        bos, eos = specials["bos_token"], specials["eos_token"]
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos}:0 $A:0 {eos}:0", pair=f"{bos}:0 $A:0 {eos}:0 {eos}:0 $B:0 {eos}:0",
+                                                           special_tokens=[(bos, token_id("bos_token")), (eos, token_id("eos_token"))])
     elif kind == "MPNetTokenizer":
         cls, sep = specials["cls_token"], specials["sep_token"]
         tok.post_processor = processors.TemplateProcessing(single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 {sep}:0 $B:1 {sep}:1",
@@ -151,6 +167,29 @@ def build(snapshot):
         tok.post_processor = processors.TemplateProcessing(single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
                                                            special_tokens=[(cls, token_id("cls_token")), (sep, token_id("sep_token"))])
     return tok
+
+
+def _xlm_roberta(snapshot, config, specials):
+    """XLM-R's tokenizer from sentencepiece.bpe.model (read with the
+    sentencepiece package's own protobuf schema), as transformers 5's
+    XLMRobertaTokenizer builds it; returns it and its add_prefix_space."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    path = snapshot / "sentencepiece.bpe.model"
+    if not path.is_file():
+        raise Unsupported("XLMRobertaTokenizer needs sentencepiece.bpe.model, which the repository does not have")
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(path.read_bytes())
+    pieces = [(p.piece, p.score) for p in proto.pieces]
+    vocab = [(specials[k], 0.0) for k in ("bos_token", "pad_token", "eos_token", "unk_token")] + pieces[3:] + [(specials["mask_token"], 0.0)]
+    tok = Tokenizer(Unigram(vocab, unk_id=3, byte_fallback=False))
+    if proto.normalizer_spec.precompiled_charsmap:
+        tok.normalizer = normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap)
+    add_prefix_space = bool(config.get("add_prefix_space", True))
+    scheme = "always" if add_prefix_space else "never"
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)])
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+    return tok, add_prefix_space
 
 
 def write(snapshot, path):

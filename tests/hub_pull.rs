@@ -440,21 +440,32 @@ fn surveyed_auto_entry(server: &common::Server, model: &str, texts: &[Value], wa
 }
 
 /// Repositories whose tokenizer is only vocabulary files (tests/hub/fixtures,
-/// made by make_vocab_fixtures.py): RoBERTa's vocab.json + merges.txt, and
-/// BERT's vocab.txt with do_lower_case; no modules.json, so mean pooling
-/// without normalizing, as sentence-transformers does. Over HTTP: /tokenize
-/// gives transformers' own ids, and the vectors are sentence-transformers'.
+/// made by make_vocab_fixtures.py): microsoft/unixcoder-base's shape (a
+/// RoBERTa with only pytorch_model.bin, vocab.json + merges.txt and no
+/// modules.json, so mean pooling without normalizing, as
+/// sentence-transformers does), served on ONNX Runtime, OpenVINO and ncnn;
+/// BERT's vocab.txt with do_lower_case; XLM-R's sentencepiece.bpe.model.
+/// Over HTTP: /tokenize gives transformers' own ids, and the vectors are
+/// sentence-transformers'.
 #[test]
 fn repositories_with_vocabulary_files_only_tokenize_as_transformers() {
     let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
-    let fixtures = ["roberta-vocab-tiny", "bert-vocab-tiny"];
-    let config = pulled_config(&hub, home.path(), &fixtures.map(|f| format!("eeane-test/{f}")));
-    assert_eq!(config.matches("pooling = \"mean\"").count(), 2, "{config}");
+    let fixtures = ["roberta-vocab-tiny", "bert-vocab-tiny", "xlmr-spm-tiny"];
+    let mut config = pulled_config(&hub, home.path(), &fixtures.map(|f| format!("eeane-test/{f}")));
+    assert_eq!(config.matches("pooling = \"mean\"").count(), 3, "{config}");
+    config += "[[models]]\nid = \"unixcoder-shaped-openvino\"\nsource = \"hf:eeane-test/roberta-vocab-tiny\"\nengine = \"openvino\"\ndevice = \"CPU\"\n";
+    let _ = std::fs::remove_dir_all(common::cache_dir().join("models/hf--eeane-test--roberta-vocab-tiny--ncnn"));
+    let ncnn = pull_with(&["--engine", "ncnn"], home.path(), &hub.endpoint, "hf:eeane-test/roberta-vocab-tiny", &[]);
+    assert!(ncnn.ok, "{}", ncnn.stderr);
+    config += &ncnn.stdout.replace("id = \"eeane-test/roberta-vocab-tiny\"", "id = \"unixcoder-shaped-ncnn\"");
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures");
-    for fixture in fixtures {
-        let model = format!("eeane-test/{fixture}");
+    let served = fixtures
+        .map(|f| (format!("eeane-test/{f}"), f))
+        .into_iter()
+        .chain([("unixcoder-shaped-openvino".to_string(), "roberta-vocab-tiny"), ("unixcoder-shaped-ncnn".to_string(), "roberta-vocab-tiny")]);
+    for (model, fixture) in served {
         let reference: Value = serde_json::from_slice(&std::fs::read(dir.join(fixture).join("reference.json")).unwrap()).unwrap();
         let texts = reference["texts"].as_array().unwrap();
         let (status, tokens) = server.post("/tokenize", &serde_json::json!({"model": model, "inputs": texts}));

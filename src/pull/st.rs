@@ -175,6 +175,16 @@ impl StModel {
         if onnx.is_none() && !CONVERTIBLE_ENCODERS.iter().chain(ONNX_ONLY).any(|a| *a == architecture) {
             return Err(PullError::Unsupported(unsupported(repo, if architecture.is_empty() { "model without `architectures`" } else { &architecture })));
         }
+        // Its own modeling code (trust_remote_code): the graph eeane builds is
+        // transformers' own architecture, which need not compute the same
+        // (gte-Qwen2's code makes Qwen2's attention bidirectional).
+        if let (None, Some(code)) = (&onnx, config["auto_map"]["AutoModel"].as_str()) {
+            return Err(PullError::Unsupported(format!(
+                "{repo} computes with its own modeling code ({code}, named by config.json's auto_map), which eeane does not run; \
+                 the {architecture} graph eeane builds from transformers' definition need not compute the same. Export an ONNX file \
+                 with `optimum-cli export onnx --model {repo} --trust-remote-code --task feature-extraction DIR` and serve its model.onnx"
+            )));
+        }
         if architecture.ends_with("ForSequenceClassification") {
             return Self::cross_encoder(dir, repo, architecture, &config, onnx);
         }
@@ -492,6 +502,15 @@ mod tests {
         let st = StModel::read(dir.path(), "org/m", false).unwrap();
         assert!(!st.normalize.value);
         assert_eq!(st.pooling.value, "mean");
+    }
+
+    #[test]
+    fn a_repository_with_its_own_modeling_code_is_refused_unless_it_ships_onnx() {
+        let config = r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "auto_map": {"AutoModel": "modeling_qwen.Qwen2Model"}}"#;
+        let dir = repo(&[("config.json", config)]);
+        let e = StModel::read(dir.path(), "Alibaba-NLP/gte-Qwen2-1.5B-instruct", false).unwrap_err().to_string();
+        assert!(e.contains("modeling_qwen.Qwen2Model") && e.contains("--trust-remote-code"), "{e}");
+        assert!(StModel::read(dir.path(), "Alibaba-NLP/gte-Qwen2-1.5B-instruct", true).is_ok());
     }
 
     #[test]

@@ -42,9 +42,10 @@ weights the project already has, laid out as on the Hub:
                                           (384 -> 128, tanh, seeded random weights),
                                           then Normalize, as sentence-transformers saves it
   eeane-test/minilm-dense-onnx-only       the same with only onnx/model.onnx (token states)
-  eeane-test/{roberta,bert}-vocab-tiny    tokenizers as vocabulary files only (vocab.json +
-                                          merges.txt; vocab.txt), no modules.json: made by
-                                          make_vocab_fixtures.py
+  eeane-test/{roberta,bert}-vocab-tiny, xlmr-spm-tiny  tokenizers as vocabulary files only
+                                          (vocab.json + merges.txt with pytorch_model.bin, as
+                                          unixcoder-base; vocab.txt; sentencepiece.bpe.model),
+                                          no modules.json: make_vocab_fixtures.py
   eeane-test/{qwen3,qwen2,mistral,llama,gemma3,mpnet,modernbert}-tiny  decoder embedders and encoders (a query
                                           prompt): tests/hub/fixtures/, made once by
                                           make_decoder_fixtures.py with transformers'
