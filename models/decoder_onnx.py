@@ -72,7 +72,8 @@ def shape(cfg):
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     layers = int(cfg["num_hidden_layers"])
-    bidirectional = bool(cfg.get("use_bidirectional_attention"))
+    # True only: some configs write "vision" (bidirectional among image tokens, causal for text).
+    bidirectional = cfg.get("use_bidirectional_attention") is True or cfg.get("is_causal") is False
     layer_types = cfg.get("layer_types")
     if not layer_types:
         if gemma:
