@@ -27,39 +27,67 @@ import math
 import numpy as np
 from onnx import TensorProto, helper
 
-from graph_builder import GraphBuilder, gelu_tanh, numpy_allowed, numpy_attention, numpy_rope
+from graph_builder import GraphBuilder, gelu_exact, gelu_tanh, numpy_allowed, numpy_attention, numpy_rope
 
 OPSET = 17
 
-FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "gemma3_text")
+FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "gemma", "gemma2", "gemma3_text")
 
 # Activations of the gated MLP, by config name.
 SILU = ("silu", "swish")
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
+GELU_EXACT = ("gelu",)
 
 
 class Unsupported(SystemExit):
     pass
 
 
-def _rope_theta(cfg, layer_type, gemma):
+def _rope_theta(cfg, layer_type, per_type):
     """The RoPE theta of a layer type: transformers 5's rope_parameters (one
     dict, or one per layer type), else 4's rope_theta and, for Gemma3's
-    sliding layers, rope_local_base_freq. Non-default RoPE is refused."""
+    sliding layers (`per_type`), rope_local_base_freq. Non-default RoPE is
+    refused."""
     params = cfg.get("rope_parameters") or {}
     if layer_type in params:
         params = params[layer_type]
     scaling = cfg.get("rope_scaling") or {}
-    if gemma and layer_type == "sliding_attention":
+    if per_type and layer_type == "sliding_attention":
         scaling = {}  # transformers applies Gemma3's rope_scaling to its full-attention layers only
     rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type != "default":
         raise Unsupported(f"rope type {rope_type!r} (rope_scaling): eeane builds the default RoPE only")
     if params.get("rope_theta"):
         return float(params["rope_theta"])
-    if gemma and layer_type == "sliding_attention":
+    if per_type and layer_type == "sliding_attention":
         return float(cfg.get("rope_local_base_freq") or 10000.0)
-    return float(cfg.get("rope_theta") or (1000000.0 if gemma else 10000.0))
+    return float(cfg.get("rope_theta") or (1000000.0 if per_type else 10000.0))
+
+
+# What each family does beyond Llama's layer, as transformers 5 computes it:
+# - gemma_norm: norms scale by (1 + weight), embeddings by sqrt(hidden);
+# - sandwich: norms after attention and around the MLP too (Gemma2, Gemma3);
+# - qk_norm: an RMSNorm of each query and key head (Qwen3, Gemma3);
+# - sliding: the layers' pattern when the config lists no layer_types
+#   (Gemma2 alternates from a sliding first layer; Gemma3 has one global
+#   layer in six), and whether the theta is per layer type;
+# - activation: the config key transformers reads for the MLP.
+# Scores are not soft-capped (attn_logit_softcapping): transformers runs
+# these models with SDPA by default, which does not apply it, and
+# sentence-transformers' vectors are those (the gemma2 fixture's cap of 5
+# moves them to cosine 0.951 when applied).
+FAMILY_TRAITS = {
+    "qwen3": {"qk_norm": True},
+    "qwen2": {},
+    "llama": {},
+    "mistral": {},
+    "gemma": {"gemma_norm": True, "activation_key": "hidden_act", "default_activation": "gelu_pytorch_tanh"},
+    "gemma2": {"gemma_norm": True, "sandwich": True, "sliding_every": 2, "query_scalar": True,
+               "activation_key": "hidden_activation", "default_activation": "gelu_pytorch_tanh"},
+    "gemma3_text": {"gemma_norm": True, "sandwich": True, "qk_norm": True, "sliding_every": 6, "theta_per_type": True,
+                    "query_scalar": True, "activation_key": "hidden_activation",
+                    "default_activation": "gelu_pytorch_tanh"},
+}
 
 
 def shape(cfg):
@@ -68,34 +96,40 @@ def shape(cfg):
     kind = cfg.get("model_type")
     if kind not in FAMILIES:
         raise Unsupported(f"model_type {kind!r}: decoder graphs are built for {', '.join(FAMILIES)}")
-    gemma = kind == "gemma3_text"
+    traits = FAMILY_TRAITS[kind]
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     layers = int(cfg["num_hidden_layers"])
     # True only: some configs write "vision" (bidirectional among image tokens, causal for text).
     bidirectional = cfg.get("use_bidirectional_attention") is True or cfg.get("is_causal") is False
+    if bidirectional and kind == "gemma2":
+        raise Unsupported("use_bidirectional_attention on gemma2: transformers 5 still builds its masks causal; eeane does not guess")
     layer_types = cfg.get("layer_types")
     if not layer_types:
-        if gemma:
-            pattern = int(cfg.get("sliding_window_pattern") or 6)
+        every = traits.get("sliding_every")
+        if every:
+            pattern = int(cfg.get("sliding_window_pattern") or every)
             layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
         else:
             layer_types = ["full_attention"] * layers
-    if not gemma and (cfg.get("use_sliding_window") or any(t != "full_attention" for t in layer_types)):
-        raise Unsupported("sliding-window attention layers: eeane builds them for Gemma3 only")
+    if not traits.get("sliding_every") and (cfg.get("use_sliding_window") or any(t != "full_attention" for t in layer_types)):
+        raise Unsupported("sliding-window attention layers: eeane builds them for Gemma2 and Gemma3 only")
     window = None
     if "sliding_attention" in layer_types:
         size = int(cfg["sliding_window"])
         # transformers 5 (Gemma3TextConfig) turns a bidirectional model's
         # window w into w // 2 + 1, exclusive on both sides.
         window = ("within", size // 2) if bidirectional else ("before", size)
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ("gelu_pytorch_tanh" if gemma else "silu")
-    if act not in SILU + GELU_TANH:
-        raise Unsupported(f"hidden activation {act!r}: eeane builds gated MLPs with silu or tanh-approximated gelu")
+    key = traits.get("activation_key")
+    act = (cfg.get(key) if key else cfg.get("hidden_activation") or cfg.get("hidden_act")) or traits.get("default_activation", "silu")
+    if act not in SILU + GELU_TANH + GELU_EXACT:
+        raise Unsupported(f"hidden activation {act!r}: eeane builds gated MLPs with silu or gelu")
     head_dim = int(cfg.get("head_dim") or hidden // heads)
+    per_type = bool(traits.get("theta_per_type"))
     return {
         "kind": kind,
-        "gemma": gemma,
+        "gemma_norm": bool(traits.get("gemma_norm")),
+        "sandwich": bool(traits.get("sandwich")),
         "hidden": hidden,
         "heads": heads,
         "kv_heads": int(cfg.get("num_key_value_heads") or heads),
@@ -103,12 +137,11 @@ def shape(cfg):
         "layers": layers,
         "eps": float(cfg.get("rms_norm_eps", 1e-6)),
         "causal": not bidirectional,
-        "layer_rope": [_rope_theta(cfg, t, gemma) for t in layer_types[:layers]],
+        "layer_rope": [_rope_theta(cfg, t, per_type) for t in layer_types[:layers]],
         "layer_window": [window if t == "sliding_attention" else None for t in layer_types[:layers]],
-        "scale": float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5 if gemma else 1.0 / math.sqrt(head_dim),
-        "softcap": cfg.get("attn_logit_softcapping") if gemma else None,
-        "gelu": act in GELU_TANH,
-        "qk_norm": kind in ("qwen3", "gemma3_text"),
+        "scale": float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5 if traits.get("query_scalar") else 1.0 / math.sqrt(head_dim),
+        "activation": "silu" if act in SILU else "gelu" if act in GELU_EXACT else "gelu_tanh",
+        "qk_norm": bool(traits.get("qk_norm")),
     }
 
 
@@ -152,7 +185,7 @@ def build_graph(weights, cfg, data=None, score_tokens=None):
 
     def rms_norm(x, name):
         mean_square = node("ReduceMean", [node("Mul", [x, x])], axes=[-1], keepdims=1)
-        return node("Mul", [node("Div", [x, node("Sqrt", [node("Add", [mean_square, eps])])]), weight(name, plus_one=s["gemma"])])
+        return node("Mul", [node("Div", [x, node("Sqrt", [node("Add", [mean_square, eps])])]), weight(name, plus_one=s["gemma_norm"])])
 
     tables = {theta: builder.rope_tables(theta, hd) for theta in sorted(set(s["layer_rope"]))}
     # Windows in layer order (not a set's): the same graph every run.
@@ -174,8 +207,8 @@ def build_graph(weights, cfg, data=None, score_tokens=None):
         return node("Reshape", [expanded, constant("merge_heads", np.array([0, heads, -1, hd], np.int64))])
 
     x = node("Gather", [weight("embed_tokens.weight"), "input_ids"])
-    if s["gemma"]:
-        # Gemma3TextScaledWordEmbedding: sqrt(hidden), rounded to the weights' dtype (float32 here).
+    if s["gemma_norm"]:
+        # GemmaTextScaledWordEmbedding: sqrt(hidden), rounded to the weights' dtype (float32 here).
         x = node("Mul", [x, const("embed_scale", np.array(math.sqrt(hidden), np.float32))])
     for i in range(s["layers"]):
         lp = f"layers.{i}"
@@ -193,14 +226,11 @@ def build_graph(weights, cfg, data=None, score_tokens=None):
         if group > 1:
             k, v = repeat(k), repeat(v)
         scores = node("Mul", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])]), scale])
-        if s["softcap"]:
-            cap = constant("softcap", np.array(float(s["softcap"]), np.float32))
-            scores = node("Mul", [node("Tanh", [node("Div", [scores, cap])]), cap])
         scores = node("Add", [scores, biases[s["layer_window"][i]]])
         context = node("MatMul", [node("Softmax", [scores], axis=-1), v])
         context = node("Reshape", [node("Transpose", [context], perm=[0, 2, 1, 3]), merge])
         attended = linear(context, lp + ".self_attn.o_proj")
-        if s["gemma"]:
+        if s["sandwich"]:
             attended = rms_norm(attended, lp + ".post_attention_layernorm.weight")
             x = node("Add", [x, attended])
             h = rms_norm(x, lp + ".pre_feedforward_layernorm.weight")
@@ -208,12 +238,12 @@ def build_graph(weights, cfg, data=None, score_tokens=None):
             x = node("Add", [x, attended])
             h = rms_norm(x, lp + ".post_attention_layernorm.weight")
         gate = linear(h, lp + ".mlp.gate_proj")
-        if s["gelu"]:
-            activated = builder.gelu(gate, exact=False)
+        if s["activation"] != "silu":
+            activated = builder.gelu(gate, exact=s["activation"] == "gelu")
         else:
             activated = node("Mul", [gate, node("Sigmoid", [gate])])
         mlp = linear(node("Mul", [activated, linear(h, lp + ".mlp.up_proj")]), lp + ".mlp.down_proj")
-        if s["gemma"]:
+        if s["sandwich"]:
             mlp = rms_norm(mlp, lp + ".post_feedforward_layernorm.weight")
         x = node("Add", [x, mlp])
     states = rms_norm(x, "norm.weight")
@@ -243,7 +273,7 @@ def numpy_forward(weights, cfg, ids):
     hd, heads, kv_heads = s["head_dim"], s["heads"], s["kv_heads"]
 
     def norm(x, name):
-        scale = 1.0 + w(name) if s["gemma"] else w(name)
+        scale = 1.0 + w(name) if s["gemma_norm"] else w(name)
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + s["eps"]) * scale
 
     def lin(x, prefix):
@@ -253,7 +283,7 @@ def numpy_forward(weights, cfg, ids):
     n = len(ids)
     # The rows of the text's tokens, widened after the lookup (not the whole table).
     x = weights[p + "embed_tokens.weight"][np.asarray(ids)].astype(np.float64)
-    if s["gemma"]:
+    if s["gemma_norm"]:
         x = x * float(np.float32(math.sqrt(s["hidden"])))
     for i in range(s["layers"]):
         lp = f"layers.{i}"
@@ -267,18 +297,18 @@ def numpy_forward(weights, cfg, ids):
         q, k, v = numpy_rope(q.transpose(1, 0, 2), theta), numpy_rope(k.transpose(1, 0, 2), theta), v.transpose(1, 0, 2)
         k, v = np.repeat(k, heads // kv_heads, 0), np.repeat(v, heads // kv_heads, 0)
         allowed = numpy_allowed(n, s["causal"], s["layer_window"][i])
-        context = numpy_attention(q, k, v, allowed, s["scale"], s["softcap"])
+        context = numpy_attention(q, k, v, allowed, s["scale"])
         attended = lin(context.transpose(1, 0, 2).reshape(n, heads * hd), lp + ".self_attn.o_proj")
-        if s["gemma"]:
+        if s["sandwich"]:
             x = x + norm(attended, lp + ".post_attention_layernorm.weight")
             h = norm(x, lp + ".pre_feedforward_layernorm.weight")
         else:
             x = x + attended
             h = norm(x, lp + ".post_attention_layernorm.weight")
         gate = lin(h, lp + ".mlp.gate_proj")
-        activated = gelu_tanh(gate) if s["gelu"] else gate / (1 + np.exp(-gate))
+        activated = {"silu": lambda g: g / (1 + np.exp(-g)), "gelu_tanh": gelu_tanh, "gelu": gelu_exact}[s["activation"]](gate)
         mlp = lin(activated * lin(h, lp + ".mlp.up_proj"), lp + ".mlp.down_proj")
-        x = x + (norm(mlp, lp + ".post_feedforward_layernorm.weight") if s["gemma"] else mlp)
+        x = x + (norm(mlp, lp + ".post_feedforward_layernorm.weight") if s["sandwich"] else mlp)
     return norm(x, "norm.weight")
 
 

@@ -337,11 +337,9 @@ def numpy_allowed(n, causal, window=None):
     return allowed
 
 
-def numpy_attention(q, k, v, allowed, scale, softcap=None):
+def numpy_attention(q, k, v, allowed, scale):
     """softmax(q k^T * scale) v, per head, float64: q [h, S, d], k and v [h, S, d]."""
     scores = q @ k.transpose(0, 2, 1) * scale
-    if softcap:
-        scores = np.tanh(scores / softcap) * softcap
     scores = np.where(allowed, scores, -np.inf)
     scores = np.exp(scores - scores.max(-1, keepdims=True))
     return (scores / scores.sum(-1, keepdims=True)) @ v
@@ -349,3 +347,7 @@ def numpy_attention(q, k, v, allowed, scale, softcap=None):
 
 def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu_exact(x):
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))

@@ -21,7 +21,7 @@ import math
 import numpy as np
 from onnx import helper
 
-from graph_builder import GraphBuilder, gelu_tanh, numpy_allowed, numpy_attention, numpy_rope
+from graph_builder import GraphBuilder, gelu_exact, gelu_tanh, numpy_allowed, numpy_attention, numpy_rope
 
 OPSET = 17
 
@@ -159,6 +159,6 @@ def numpy_forward(weights, cfg, ids):
         x = x + lin(context.transpose(1, 0, 2).reshape(n, hidden), lp + ".attn.Wo")
         value_gate = lin(ln(x, lp + ".mlp_norm"), lp + ".mlp.Wi")
         value, gate = value_gate[:, :inter], value_gate[:, inter:]
-        activated = 0.5 * value * (1 + np.vectorize(math.erf)(value / math.sqrt(2))) if s["exact_gelu"] else gelu_tanh(value)
+        activated = gelu_exact(value) if s["exact_gelu"] else gelu_tanh(value)
         x = x + lin(activated * gate, lp + ".mlp.Wo")
     return ln(x, "final_norm")

@@ -335,7 +335,8 @@ fn pulled_config(hub: &LookAlike, home: &Path, repos: &[impl AsRef<str>]) -> Str
 
 /// Decoder embedders and encoders built from safetensors (tests/hub/fixtures:
 /// tiny random Qwen3 (also with its weights in bfloat16 on disk), Qwen2,
-/// Mistral, Llama, Gemma3, MPNet and ModernBERT written by transformers,
+/// Mistral, Llama, Gemma, Gemma2, Gemma3, MPNet and ModernBERT written by
+/// transformers,
 /// their vectors by sentence-transformers itself):
 /// last-token pooling with the end-of-text token the tokenizer appends;
 /// Gemma3 shaped as EmbeddingGemma (bidirectional, a sliding-window layer,
@@ -347,11 +348,22 @@ fn pulled_config(hub: &LookAlike, home: &Path, repos: &[impl AsRef<str>]) -> Str
 fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
     let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
-    let families = ["qwen3-tiny", "qwen3-bf16-tiny", "qwen2-tiny", "mistral-tiny", "llama-tiny", "gemma3-tiny", "mpnet-tiny", "modernbert-tiny"];
+    let families = [
+        "qwen3-tiny",
+        "qwen3-bf16-tiny",
+        "qwen2-tiny",
+        "mistral-tiny",
+        "llama-tiny",
+        "gemma-tiny",
+        "gemma2-tiny",
+        "gemma3-tiny",
+        "mpnet-tiny",
+        "modernbert-tiny",
+    ];
     let mut config = pulled_config(&hub, home.path(), &families.map(|f| format!("eeane-test/{f}")));
-    // Five decoders pool by their last token; the encoders by the mean, and
+    // Seven decoders pool by their last token; the encoders by the mean, and
     // Gemma3 by the mean inside its graph, before its Dense modules.
-    assert_eq!(config.matches("pooling = \"last_token\"").count(), 5, "{config}");
+    assert_eq!(config.matches("pooling = \"last_token\"").count(), 7, "{config}");
     assert!(config.contains("pooling = \"none\"  # 1_Pooling/config.json (mean) and 2_Dense, 3_Dense"), "{config}");
     for (repo, architecture) in
         [("qwen3-tiny", "Qwen3Model"), ("gemma3-tiny", "Gemma3TextModel"), ("mpnet-tiny", "MPNetModel"), ("modernbert-tiny", "ModernBertModel")]

@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::config::RerankTemplate;
 
 /// Architectures whose graph eeane builds for the ONNX engines only: the
-/// decoder embedders and Gemma3 (`models/decoder_onnx.py`), ModernBERT
+/// decoder embedders and Gemma 1-3 (`models/decoder_onnx.py`), ModernBERT
 /// (`models/modernbert_onnx.py`) and MPNet (its relative position bias); an
 /// engine that converts from the BERT builder's graph (ncnn) does not take
 /// them.
@@ -27,6 +27,10 @@ pub const ONNX_ONLY: &[&str] = &[
     "MistralForCausalLM",
     "LlamaModel",
     "LlamaForCausalLM",
+    "GemmaModel",
+    "GemmaForCausalLM",
+    "Gemma2Model",
+    "Gemma2ForCausalLM",
     "Gemma3TextModel",
     "Gemma3ForCausalLM",
     "ModernBertModel",
@@ -65,9 +69,9 @@ fn positions(config: &Value) -> Option<u64> {
     let roberta = config["model_type"].as_str().is_some_and(|t| t.contains("roberta") || t == "camembert" || t == "mpnet");
     let pad = config["pad_token_id"].as_u64().unwrap_or(1);
     // A sliding window in use (Mistral's): the graph attends in full, the
-    // same as the window for inputs no longer than it. Gemma3's graph builds
-    // its sliding-window layers, so its window limits nothing.
-    let gemma = config["model_type"].as_str() == Some("gemma3_text");
+    // same as the window for inputs no longer than it. Gemma2's and Gemma3's
+    // graphs build their sliding-window layers, so their window limits nothing.
+    let gemma = matches!(config["model_type"].as_str(), Some("gemma2" | "gemma3_text"));
     let window = config["sliding_window"].as_u64().filter(|_| config["use_sliding_window"].as_bool() != Some(false) && !gemma);
     let rows = window.map_or(rows, |w| rows.min(w));
     Some(if roberta { rows.saturating_sub(pad + 1) } else { rows })

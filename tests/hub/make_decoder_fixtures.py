@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors, trainers
-from transformers import (AutoTokenizer, Gemma3TextConfig, Gemma3TextModel, Qwen3ForCausalLM, LlamaConfig, LlamaModel, MistralConfig, MistralModel, ModernBertConfig,
+from transformers import (AutoTokenizer, Gemma2Config, Gemma2Model, Gemma3TextConfig, Gemma3TextModel, GemmaConfig, GemmaModel,
+                          Qwen3ForCausalLM, LlamaConfig, LlamaModel, MistralConfig, MistralModel, ModernBertConfig,
                           ModernBertModel, MPNetConfig, MPNetModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2Model, Qwen3Config,
                           Qwen3Model)
 
@@ -108,6 +109,13 @@ def family(name, config_cls, model_cls, out, extra):
         config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                             pad_token_id=1, bos_token_id=0, eos_token_id=2, **extra)
         pooling_mode = "mean"
+    elif name in ("gemma", "gemma2"):
+        # Causal, last-token pooled, as BAAI/bge-multilingual-gemma2 pools.
+        vocab = gemma_tokenizer(out)
+        config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, pad_token_id=0, eos_token_id=1,
+                            bos_token_id=2, **extra)
+        pooling_mode = "lasttoken"
     elif name == "gemma3":
         vocab = gemma_tokenizer(out)
         config = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -130,7 +138,7 @@ def family(name, config_cls, model_cls, out, extra):
             p.normal_(0.0, 0.2)
         for n, p in model.named_parameters():
             # Gemma's norms scale by 1 + weight already.
-            if n.endswith("norm.weight") and name != "gemma3":
+            if n.endswith("norm.weight") and not name.startswith("gemma"):
                 p.add_(1.0)
     if extra_bf16:
         # Weights on disk in bfloat16, as Qwen3-Embedding ships them; the
@@ -173,6 +181,12 @@ FAMILIES = [
     ("gemma3", Gemma3TextConfig, Gemma3TextModel,
      {"head_dim": 16, "use_bidirectional_attention": True, "sliding_window": 16, "query_pre_attn_scalar": 32,
       "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True}),
+    # Gemma 1 (the backbone of BAAI/bge-reranker-v2-gemma): exact GELU as its
+    # config's hidden_act names it, (1 + w) norms, scaled embeddings, causal.
+    ("gemma", GemmaConfig, GemmaModel, {"head_dim": 16, "hidden_act": "gelu"}),
+    # Gemma2 (BAAI/bge-multilingual-gemma2): sandwich norms, a causal sliding
+    # window (8) on every other layer, score soft-capping, query scalar.
+    ("gemma2", Gemma2Config, Gemma2Model, {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 32, "attn_logit_softcapping": 5.0}),
     # Global then local attention (window 16, so 8 each side), RoPE, GeGLU, no biases.
     ("modernbert", ModernBertConfig, ModernBertModel, {"global_attn_every_n_layers": 2, "local_attention": 16}),
 ]
