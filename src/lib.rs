@@ -14,6 +14,7 @@ pub mod model;
 pub mod pooling;
 pub mod pull;
 pub mod registry;
+pub mod rerank_template;
 pub mod serving;
 pub mod sync;
 pub mod tokenize;

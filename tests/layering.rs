@@ -28,6 +28,7 @@ const LAYERS: &[&str] = &[
     "pooling",
     "config",
     "pull",
+    "rerank_template",
     "engines",
     "corpus",
     "cpu_sets",

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::config::RerankTemplate;
+use crate::rerank_template::RerankTemplate;
 
 /// Architectures whose graph eeane builds for the ONNX engines only: the
 /// decoder embedders and Gemma 1-3 (`models/decoder_onnx.py`), ModernBERT
