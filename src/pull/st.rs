@@ -320,7 +320,7 @@ impl StModel {
         if config["model_type"].as_str() != Some("qwen3") {
             return Err(PullError::Unsupported(format!(
                 "{repo} is a {architecture} reranker; eeane scores language-model rerankers with Qwen3-Reranker's template \
-                 (Qwen3ForCausalLM) only so far (bge-reranker-v2-gemma's Gemma is not built yet)"
+                 (Qwen3ForCausalLM) only so far (bge-reranker-v2-gemma's template is not applied yet)"
             )));
         }
         let positions = positions(config).unwrap_or(LANGUAGE_MODEL_RERANKER_TOKENS);
