@@ -783,6 +783,10 @@ fn cross_encoders_are_served_on_rerank() {
             worst.0, worst.1
         );
         assert!(worst.0 <= 1e-4 && worst.1 <= 1e-4, "{repo}: {worst:?}");
+        // A cross-encoder reads no instruction: one sent is refused, not dropped.
+        let (status, refused) = server.post("/v1/rerank", &serde_json::json!({"model": id, "query": "q", "documents": ["d"], "instruction": "i"}));
+        assert_eq!(status, 422, "{refused}");
+        assert!(refused.to_string().contains("instruction"), "{refused}");
     }
 }
 

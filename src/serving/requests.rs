@@ -356,6 +356,15 @@ impl Service {
                 .param("model"),
             ));
         }
+        if request.instruction.is_some() && slot.config.rerank_template.is_none() {
+            return Err(refuse(
+                RequestError::new(
+                    Fault::UnsupportedInput,
+                    format!("{id:?} takes no instruction: only a reranker that is a language model (an entry with rerank_template) reads one"),
+                )
+                .param("instruction"),
+            ));
+        }
         let _admitted = self.admit(&live).map_err(|o| refuse(RequestError::overloaded(o.limit)))?;
         let inputs = if cross_encoder {
             Inputs::Pairs { query: request.query, documents: request.documents, instruction: request.instruction }

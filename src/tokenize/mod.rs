@@ -125,7 +125,14 @@ pub struct TextTokenizer {
     backend: Box<dyn Vocabulary>,
     split: Split,
     /// A language-model reranker's template: pairs are written into it.
-    rerank_template: Option<RerankTemplate>,
+    rerank_template: Option<TemplateIds>,
+}
+
+/// A rerank template with its prefix and suffix tokenized once, at load.
+struct TemplateIds {
+    template: RerankTemplate,
+    prefix: Vec<i64>,
+    suffix: Vec<i64>,
 }
 
 impl TextTokenizer {
@@ -156,7 +163,11 @@ impl TextTokenizer {
 
     pub fn from_config(config: &ModelConfig) -> Result<Self, TokenizeError> {
         let mut tokenizer = Self::load(&config.tokenizer.path(), config.tokenizer_ids, Split::of(config))?;
-        tokenizer.rerank_template = config.rerank_template.clone();
+        if let Some(template) = &config.rerank_template {
+            let ids = |text: &str| tokenizer.backend.content(text).map(|c| c.into_iter().map(i64::from).collect::<Vec<i64>>());
+            let (prefix, suffix) = (ids(&template.prefix)?, ids(&template.suffix)?);
+            tokenizer.rerank_template = Some(TemplateIds { template: template.clone(), prefix, suffix });
+        }
         Ok(tokenizer)
     }
 
@@ -204,7 +215,7 @@ impl TextTokenizer {
                     Split::Window { window, .. } => window,
                 };
                 let encoded = match &self.rerank_template {
-                    Some(template) => self.encode_templated(template, instruction.as_deref(), query, documents, max_tokens)?,
+                    Some(frame) => self.encode_templated(frame, instruction.as_deref(), query, documents, max_tokens)?,
                     None => self.encode_pairs(query, documents, max_tokens)?,
                 };
                 return Ok((encoded.into_iter().map(|e| vec![e]).collect(), 0));
@@ -241,25 +252,24 @@ impl TextTokenizer {
     /// card builds them: the template's prefix, the filled pair (with the
     /// tokenizer's special tokens, its content cut to what the prefix and
     /// suffix leave of `max_tokens`) and the suffix, each tokenized apart.
-    pub fn encode_templated(
+    fn encode_templated(
         &self,
-        template: &RerankTemplate,
+        frame: &TemplateIds,
         instruction: Option<&str>,
         query: &str,
         documents: &[String],
         max_tokens: usize,
     ) -> Result<Vec<Encoded>, TokenizeError> {
-        let prefix = self.backend.content(&template.prefix)?;
-        let suffix = self.backend.content(&template.suffix)?;
+        let (prefix, suffix) = (&frame.prefix, &frame.suffix);
         let fixed = prefix.len() + suffix.len() + self.backend.specials();
         if fixed >= max_tokens {
             return Err(TokenizeError::QueryTooLong { query: prefix.len() + suffix.len(), specials: self.backend.specials(), max_tokens });
         }
         let room = max_tokens - fixed;
         let one = |document: &String| {
-            let content = self.backend.content(&template.fill(instruction, query, document))?;
+            let content = self.backend.content(&frame.template.fill(instruction, query, document))?;
             let body = self.backend.wrap(&content[..content.len().min(room)])?;
-            let ids: Vec<i64> = prefix.iter().map(|&i| i as i64).chain(body.ids).chain(suffix.iter().map(|&i| i as i64)).collect();
+            let ids: Vec<i64> = prefix.iter().copied().chain(body.ids).chain(suffix.iter().copied()).collect();
             Ok(Encoded { type_ids: vec![0; ids.len()], ids })
         };
         if documents.len() >= PARALLEL_FROM {
