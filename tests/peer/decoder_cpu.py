@@ -125,12 +125,46 @@ def st_row(repo, texts_file, out_file):
     print(json.dumps({"load_s": load, "texts_per_s": rate, "peak_rss_mib": rss / 1024, "torch": torch.__version__}))
 
 
+WRK_SCRIPT = """
+local bodies = {}
+local counter = 0
+init = function(args)
+  for line in io.lines(args[1]) do bodies[#bodies + 1] = line end
+end
+request = function()
+  counter = counter + 1
+  return wrk.format("POST", "/v1/embeddings", {["Content-Type"] = "application/json"}, bodies[(counter % #bodies) + 1])
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("WRK %d %d %d\\n", summary.requests, summary.duration, e.connect + e.read + e.write + e.status + e.timeout))
+end
+"""
+
+
+def wrk_rate(work, port, model, texts, per_request=8, connections=2, seconds=60):
+    """Texts a second under wrk: `connections` keep-alive connections, each
+    request `per_request` texts, the slices taken in turn. Requests still in
+    flight when the time is up are not counted."""
+    bodies = work / "wrk-bodies.jsonl"
+    chunks = [texts[i:i + per_request] for i in range(0, len(texts) - per_request + 1, per_request)]
+    bodies.write_text("\n".join(json.dumps({"input": c, "model": model, "encoding_format": "base64"}) for c in chunks) + "\n")
+    script = work / "bodies.lua"
+    script.write_text(WRK_SCRIPT)
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "120s", "-s", str(script),
+                          f"http://127.0.0.1:{port}", "--", str(bodies)], capture_output=True, text=True, check=True).stdout
+    requests, duration_us, errors = (int(x) for x in next(l for l in out.splitlines() if l.startswith("WRK ")).split()[1:])
+    if errors:
+        raise SystemExit(f"wrk: {errors} errors\n{out}")
+    return requests * per_request / (duration_us / 1e6)
+
+
 def bench(args):
     import numpy as np
     from tokenizers import Tokenizer
 
     sys.path.insert(0, str(HERE))
-    from cpu_peers import free_port, load_rate, post, vectors
+    from cpu_peers import free_port, post, vectors
 
     import http.client
 
@@ -199,7 +233,7 @@ def bench(args):
                 for i in range(0, len(texts), 8):
                     got += vectors(post(conn, "/v1/embeddings", {"input": texts[i:i + 8], "model": REPO_ID, "encoding_format": "base64"}))
                 worst = min(float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in zip(got, reference))
-                rate = load_rate(port, REPO_ID, texts, 8, 2)
+                rate = wrk_rate(work, port, REPO_ID, texts)
                 report[f"eeane {name}"] = {"first_request_s": first, "rss_mib": rss, "texts_per_s": rate, "min_cosine_vs_st": worst}
                 print(f"eeane {name}:", report[f"eeane {name}"], flush=True)
             finally:
