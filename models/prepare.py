@@ -217,6 +217,18 @@ def cosine(a, b):
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+def right_padded(sequences):
+    """input_ids and attention_mask (int64 [B, S]) of token id lists, right-padded with 0."""
+    import numpy as np
+
+    ids = np.zeros((len(sequences), max(map(len, sequences))), np.int64)
+    mask = np.zeros_like(ids)
+    for i, seq in enumerate(sequences):
+        ids[i, : len(seq)] = seq
+        mask[i, : len(seq)] = 1
+    return ids, mask
+
+
 def check_rotary_onnx(builder, onnx_path, weights, cfg, tokenizer_path):
     """A decoder's or ModernBERT's graph (batched, right-padded) against its
     builder's float64 numpy network, every real token's state: (min cosine,
@@ -229,11 +241,7 @@ def check_rotary_onnx(builder, onnx_path, weights, cfg, tokenizer_path):
     tok.no_padding()
     tok.enable_truncation(256)
     encs = [tok.encode(t).ids for t in CHECK_TEXTS]
-    ids = np.zeros((len(encs), max(map(len, encs))), np.int64)
-    mask = np.zeros_like(ids)
-    for i, e in enumerate(encs):
-        ids[i, : len(e)] = e
-        mask[i, : len(e)] = 1
+    ids, mask = right_padded(encs)
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     hidden = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
     del sess  # the runtime's copy of the weights goes before the numpy network reads them
@@ -276,11 +284,7 @@ def check_language_model_reranker(onnx_path, weights, cfg, tokenizer_path, score
     tok.no_padding()
     tok.no_truncation()
     seqs = [tok.encode(f"{q}\n{d}").ids[:256] for q, d in CHECK_PAIRS]
-    ids = np.zeros((len(seqs), max(map(len, seqs))), np.int64)
-    mask = np.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = s
-        mask[i, : len(s)] = 1
+    ids, mask = right_padded(seqs)
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     logits = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0][:, 0]
     return max(abs(float(logits[i]) - decoder_onnx.numpy_score(weights, cfg, s, score_tokens)) for i, s in enumerate(seqs))
@@ -299,12 +303,7 @@ def check_bert_onnx(onnx_path, weights, cfg, tokenizer_path):
     # Within the model's positions (cfg as bert_onnx.as_bert numbers them).
     tok.enable_truncation(min(256, int(cfg.get("max_position_embeddings", 512))))
     encs = [tok.encode(t) for t in CHECK_TEXTS]
-    seq = max(len(e.ids) for e in encs)
-    ids = np.zeros((len(encs), seq), np.int64)
-    mask = np.zeros_like(ids)
-    for i, e in enumerate(encs):
-        ids[i, : len(e.ids)] = e.ids
-        mask[i, : len(e.ids)] = 1
+    ids, mask = right_padded([e.ids for e in encs])
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
     hidden = sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})[0]

@@ -296,7 +296,7 @@ fn settings(config: &ModelConfig, server: &Config) -> String {
     // A survey measured on other check texts was gated on other texts.
     format!(
         "check texts {}, threads {}, engine layouts [{}], max_batch {}, max_batch_tokens {}, max_tokens {}, buckets [{}], engine keys {}, runtimes [{}]",
-        check_texts(config.max_tokens).len(),
+        CHECK_TEXTS,
         config.threads,
         layouts(config).iter().map(usize::to_string).collect::<Vec<_>>().join(" "),
         config.max_batch,
@@ -538,11 +538,17 @@ const EDGE_TEXTS: &[&str] = &[
     "{}",
 ];
 
+/// Corpus texts among the check texts.
+const CORPUS_CHECKS: usize = 40;
+
+/// How many check texts there are: the corpus's, the short and unusual ones, one long.
+const CHECK_TEXTS: usize = CORPUS_CHECKS + EDGE_TEXTS.len() + 1;
+
 /// Check texts: the corpus's varied code and prose, the short and unusual
 /// texts above, and one text longer than the model's window, so the longest
 /// bucket is checked too.
 fn check_texts(max_tokens: usize) -> Vec<String> {
-    let mut texts = crate::corpus::corpus(40, 20_261_202);
+    let mut texts = crate::corpus::corpus(CORPUS_CHECKS, 20_261_202);
     texts.extend(EDGE_TEXTS.iter().map(|t| t.to_string()));
     texts.push(crate::corpus::corpus(max_tokens / 4 + 8, 5).join(" "));
     texts
