@@ -107,7 +107,11 @@ fn its_output_reads_back_to_itself() {
         ("auto on any engine", entry("precision = \"auto\"")),
         ("auto on its engine", entry("engine = \"openvino\"\nprecision = \"auto\"")),
         (
-            "a language-model reranker's template",
+            "a language-model reranker's template in parts, its query and pair cut",
+            entry("engine = \"onnxruntime\"\nkind = \"reranker\"\npooling = \"none\"\nrerank_template = { parts = [\"<bos>\", \"A: {query}\", \"\\n\", \"B: {document}\", \"\\n\", \"{instruction}\"], query_tokens = 96, pair_tokens = 120, instruction = \"Yes or No?\" }"),
+        ),
+        (
+            "a language-model reranker's template as prefix, pair and suffix (read as three parts)",
             entry("engine = \"onnxruntime\"\nkind = \"reranker\"\npooling = \"none\"\nrerank_template = { prefix = \"<|im_start|>system\\nJudge \\\"yes\\\"\", pair = \"<Query>: {query}\\n<Document>: {document}\", suffix = \"\\n\", instruction = \"Find it\" }"),
         ),
         ("buckets and two devices", entry("engine = \"openvino\"\nprecision = \"bf16\"\ndevice = [\"cpu\", \"cpu\"]\nbuckets = [{ max_tokens = 32, max_batch = 8 }, { max_tokens = 128, max_batch = 4 }]")),

@@ -505,60 +505,72 @@ fn repositories_with_vocabulary_files_only_tokenize_as_transformers() {
     }
 }
 
-/// A reranker that is a language model, laid out as Qwen/Qwen3-Reranker-0.6B
+/// Rerankers that are language models, laid out as Qwen/Qwen3-Reranker-0.6B
 /// (tests/hub/fixtures/qwen3-reranker-tiny: a tiny random Qwen3ForCausalLM
-/// with tied embeddings and no sentence-transformers files). Served on
-/// /v1/rerank and TEI's /rerank, in one batch of mixed lengths, its scores
-/// equal its model card's own code (transformers, left-padded): p("yes")
-/// within 1e-4, with the default instruction and with one from the request.
+/// with tied embeddings and no sentence-transformers files) and as
+/// BAAI/bge-reranker-v2-gemma (bge-gemma-reranker-tiny: a GemmaForCausalLM
+/// with one key/value head). Served on /v1/rerank and TEI's /rerank, in one
+/// batch of mixed lengths, their scores equal their model cards' own code
+/// (transformers, left-padded): p("yes") within 1e-4, with the default
+/// instruction and with one from the request; for the Gemma one, also with a
+/// document longer than the card's max_length and a query longer than its
+/// query cap, both cut as the card cuts them.
 #[test]
 fn language_model_rerankers_score_as_their_model_card() {
     let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
-    let model = "eeane-test/qwen3-reranker-tiny";
-    let config = pulled_config(&hub, home.path(), &[model]);
-    assert!(config.contains("kind = \"reranker\"") && config.contains("rerank_template = {"), "{config}");
+    let models = ["eeane-test/qwen3-reranker-tiny", "eeane-test/bge-gemma-reranker-tiny"];
+    let config = pulled_config(&hub, home.path(), &models);
+    assert_eq!(config.matches("kind = \"reranker\"").count(), 2, "{config}");
+    assert!(config.contains("query_tokens = 768, pair_tokens = 1024 }"), "bge-reranker-v2-gemma's cuts: {config}");
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
-    let reference: Value =
-        serde_json::from_slice(&std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures/qwen3-reranker-tiny/reference.json")).unwrap())
-            .unwrap();
-    let (query, documents) = (&reference["query"], &reference["documents"]);
-    let worst = |served: &[(usize, f64)], want: &Value| {
-        let want = common::f64s(want);
-        assert_eq!(served.len(), want.len());
-        served.iter().map(|(index, score)| (score - want[*index]).abs()).fold(0.0f64, f64::max)
-    };
-    let cohere = |extra: Value| {
-        let mut body = serde_json::json!({"model": model, "query": query, "documents": documents});
-        body.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
-        let (status, response) = server.post("/v1/rerank", &body);
-        assert_eq!(status, 200, "{response}");
-        response["results"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| (r["index"].as_u64().unwrap() as usize, r["relevance_score"].as_f64().unwrap()))
-            .collect::<Vec<_>>()
-    };
-    let (status, tei) = server.post("/rerank", &serde_json::json!({"model": model, "query": query, "texts": documents}));
-    assert_eq!(status, 200, "{tei}");
-    let tei: Vec<(usize, f64)> = tei.as_array().unwrap().iter().map(|r| (r["index"].as_u64().unwrap() as usize, r["score"].as_f64().unwrap())).collect();
-    let figures = [
-        ("/v1/rerank, the default instruction", worst(&cohere(Value::Null), &reference["scores"])),
-        ("TEI's /rerank, the default instruction", worst(&tei, &reference["scores"])),
-        (
-            "/v1/rerank, the request's instruction",
-            worst(&cohere(serde_json::json!({"instruction": reference["instruction"]})), &reference["scores_with_instruction"]),
-        ),
-    ];
-    for (what, diff) in figures {
-        println!("{model}: {what}, {} documents: max |score - the model card's| {diff:.2e}", documents.as_array().unwrap().len());
-        assert!(diff <= 1e-4, "{what}: {diff}");
+    for model in models {
+        let fixture = model.trim_start_matches("eeane-test/");
+        let reference: Value =
+            serde_json::from_slice(&std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/hub/fixtures/{fixture}/reference.json"))).unwrap())
+                .unwrap();
+        let documents = &reference["documents"];
+        let worst = |served: &[(usize, f64)], want: &Value| {
+            let want = common::f64s(want);
+            assert_eq!(served.len(), want.len());
+            served.iter().map(|(index, score)| (score - want[*index]).abs()).fold(0.0f64, f64::max)
+        };
+        let cohere = |query: &Value, extra: Value| {
+            let mut body = serde_json::json!({"model": model, "query": query, "documents": documents});
+            body.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+            let (status, response) = server.post("/v1/rerank", &body);
+            assert_eq!(status, 200, "{response}");
+            response["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| (r["index"].as_u64().unwrap() as usize, r["relevance_score"].as_f64().unwrap()))
+                .collect::<Vec<_>>()
+        };
+        let query = &reference["query"];
+        let (status, tei) = server.post("/rerank", &serde_json::json!({"model": model, "query": query, "texts": documents}));
+        assert_eq!(status, 200, "{tei}");
+        let tei: Vec<(usize, f64)> = tei.as_array().unwrap().iter().map(|r| (r["index"].as_u64().unwrap() as usize, r["score"].as_f64().unwrap())).collect();
+        let mut figures = vec![
+            ("/v1/rerank, the default instruction", worst(&cohere(query, Value::Null), &reference["scores"])),
+            ("TEI's /rerank, the default instruction", worst(&tei, &reference["scores"])),
+            (
+                "/v1/rerank, the request's instruction",
+                worst(&cohere(query, serde_json::json!({"instruction": reference["instruction"]})), &reference["scores_with_instruction"]),
+            ),
+        ];
+        if !reference["long_query"].is_null() {
+            figures.push(("/v1/rerank, a query past the card's cap", worst(&cohere(&reference["long_query"], Value::Null), &reference["scores_long_query"])));
+        }
+        for (what, diff) in figures {
+            println!("{model}: {what}, {} documents: max |score - the model card's| {diff:.2e}", documents.as_array().unwrap().len());
+            assert!(diff <= 1e-4, "{model}: {what}: {diff}");
+        }
+        // The instruction changes the scores: the test above can tell them apart.
+        let moved =
+            common::f64s(&reference["scores"]).iter().zip(common::f64s(&reference["scores_with_instruction"])).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(moved > 1e-3, "{model}: {moved}");
     }
-    // The instruction changes the scores: the test above can tell them apart.
-    let moved =
-        common::f64s(&reference["scores"]).iter().zip(common::f64s(&reference["scores_with_instruction"])).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    assert!(moved > 1e-3, "{moved}");
 }
 
 /// A Dense module after pooling (tests/hub/make_repos.py: 384 -> 128, tanh,

@@ -140,8 +140,11 @@ impl Config {
                 if m.kind != ModelKind::Reranker {
                     return invalid(key("rerank_template"), "is for kind = \"reranker\" entries whose graph scores a templated pair".into());
                 }
-                if let Some(missing) = ["{query}", "{document}"].into_iter().find(|p| !template.pair.contains(p)) {
-                    return invalid(key("rerank_template.pair"), format!("must contain {missing}"));
+                if let Some(problem) = template.problem() {
+                    return invalid(key("rerank_template"), problem);
+                }
+                if template.pair_tokens.is_some_and(|n| n > m.max_tokens) {
+                    return invalid(key("rerank_template.pair_tokens"), format!("is more than max_tokens = {}", m.max_tokens));
                 }
             }
             if m.auto_precision.is_some() {

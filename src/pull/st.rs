@@ -116,21 +116,44 @@ pub struct StModel {
 }
 
 /// Qwen3-Reranker's prompt, as its model card writes it
-/// (Qwen/Qwen3-Reranker-0.6B, 4B and 8B): scored by p("yes") over "yes"
-/// and "no" at the last position.
+/// (Qwen/Qwen3-Reranker-0.6B, 4B and 8B): a system prefix, the filled pair
+/// and an assistant suffix, each tokenized apart; scored by p("yes") over
+/// "yes" and "no" at the last position.
 fn qwen3_reranker_template() -> RerankTemplate {
     RerankTemplate {
-        prefix: "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. \
-                 Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
-            .into(),
-        pair: "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}".into(),
-        suffix: "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n".into(),
+        parts: vec![
+            "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. \
+             Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+                .into(),
+            "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}".into(),
+            "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n".into(),
+        ],
         instruction: "Given a web search query, retrieve relevant passages that answer the query".into(),
+        query_tokens: None,
+        pair_tokens: None,
+    }
+}
+
+/// bge-reranker-v2-gemma's prompt, as its model card's `get_inputs` builds
+/// it: the tokenizer's bos, "A: {query}" cut to three quarters of the
+/// card's max_length, "\n", "B: {document}" cut so that these four fit
+/// max_length (`only_second`), then "\n" and the prompt after the budget;
+/// each tokenized apart without special tokens. Scored by the logit of "Yes".
+fn bge_gemma_reranker_template(bos: &str, max_length: usize) -> RerankTemplate {
+    RerankTemplate {
+        parts: ["{bos}", "A: {query}", "\n", "B: {document}", "\n", "{instruction}"].map(|p| p.replace("{bos}", bos)).to_vec(),
+        instruction: "Given a query A and a passage B, determine whether the passage contains an answer to the query by providing \
+                      a prediction of either 'Yes' or 'No'."
+            .into(),
+        query_tokens: Some(max_length * 3 / 4),
+        pair_tokens: Some(max_length),
     }
 }
 
 /// The model card's max_length for Qwen3-Reranker.
 const LANGUAGE_MODEL_RERANKER_TOKENS: u64 = 8192;
+/// bge-reranker-v2-gemma's card's max_length: the pair's budget, before the prompt.
+const BGE_GEMMA_PAIR_TOKENS: usize = 1024;
 
 /// A sentence-transformers Dense module: its folder and the torch class of
 /// its activation, as its config.json names them.
@@ -315,19 +338,38 @@ impl StModel {
     }
 
     /// A reranker that is a language model: Qwen3-Reranker's template and
-    /// its yes/no scoring; other families are refused by name.
+    /// yes/no scoring, or bge-reranker-v2-gemma's and its "Yes"; other
+    /// families are refused by name.
     fn language_model_reranker(dir: &Path, repo: &str, architecture: String, config: &Value) -> Result<StModel, PullError> {
-        if config["model_type"].as_str() != Some("qwen3") {
+        let family = config["model_type"].as_str().unwrap_or("");
+        if !matches!(family, "qwen3" | "gemma") {
             return Err(PullError::Unsupported(format!(
                 "{repo} is a {architecture} reranker; eeane scores language-model rerankers with Qwen3-Reranker's template \
-                 (Qwen3ForCausalLM) only so far (bge-reranker-v2-gemma's template is not applied yet)"
+                 (Qwen3ForCausalLM) and bge-reranker-v2-gemma's (GemmaForCausalLM) only so far"
             )));
         }
         let positions = positions(config).unwrap_or(LANGUAGE_MODEL_RERANKER_TOKENS);
         let tokenizer = read_json(dir, "tokenizer_config.json")?;
         let max_tokens = match tokenizer.as_ref().and_then(|t| t["model_max_length"].as_u64()).filter(|n| *n <= positions.min(LANGUAGE_MODEL_RERANKER_TOKENS)) {
             Some(n) => inferred(n as usize, "tokenizer_config.json (model_max_length)"),
+            None if family == "gemma" => inferred(positions.min(LANGUAGE_MODEL_RERANKER_TOKENS) as usize, "config.json's positions (up to 8192)"),
             None => inferred(positions.min(LANGUAGE_MODEL_RERANKER_TOKENS) as usize, "the model card's max_length (8192), within config.json's positions"),
+        };
+        let (rerank_template, score_tokens, score_from) = if family == "gemma" {
+            // tokenizer_config.json writes bos_token as a string or as an AddedToken's table.
+            let bos = tokenizer.as_ref().and_then(|t| t["bos_token"].as_str().or_else(|| t["bos_token"]["content"].as_str())).unwrap_or("<bos>");
+            let template = bge_gemma_reranker_template(bos, BGE_GEMMA_PAIR_TOKENS.min(max_tokens.value));
+            (
+                inferred(template, "bge-reranker-v2-gemma's model card (get_inputs, max_length 1024)"),
+                ("Yes".to_string(), None),
+                "the model card: sigmoid of the logit of \"Yes\"",
+            )
+        } else {
+            (
+                inferred(qwen3_reranker_template(), "Qwen3-Reranker's model card"),
+                ("yes".into(), Some("no".into())),
+                "the model card: p(\"yes\") over \"yes\" and \"no\"",
+            )
         };
         Ok(StModel {
             architecture,
@@ -337,12 +379,12 @@ impl StModel {
             max_tokens,
             prompts: inferred(BTreeMap::new(), "none for a reranker"),
             default_prompt_name: None,
-            score_activation: Some(inferred("sigmoid", "the model card: p(\"yes\") over \"yes\" and \"no\"")),
+            score_activation: Some(inferred("sigmoid", score_from)),
             onnx: None,
             dense: Vec::new(),
             graph_pooling: None,
-            rerank_template: Some(inferred(qwen3_reranker_template(), "Qwen3-Reranker's model card")),
-            score_tokens: Some(("yes".into(), Some("no".into()))),
+            rerank_template: Some(rerank_template),
+            score_tokens: Some(score_tokens),
         })
     }
 
@@ -448,13 +490,12 @@ impl StModel {
         }
         if let Some(template) = &self.rerank_template {
             let mut table = toml_edit::InlineTable::new();
-            for (key, value) in [
-                ("prefix", &template.value.prefix),
-                ("pair", &template.value.pair),
-                ("suffix", &template.value.suffix),
-                ("instruction", &template.value.instruction),
-            ] {
-                table.insert(key, value.as_str().into());
+            table.insert("parts", template.value.parts.iter().map(String::as_str).collect::<toml_edit::Array>().into());
+            table.insert("instruction", template.value.instruction.as_str().into());
+            for (key, value) in [("query_tokens", template.value.query_tokens), ("pair_tokens", template.value.pair_tokens)] {
+                if let Some(n) = value {
+                    table.insert(key, (n as i64).into());
+                }
             }
             entry += &format!("rerank_template = {table}  # {}\n", template.from);
         }
@@ -515,6 +556,25 @@ mod tests {
         let e = StModel::read(dir.path(), "Alibaba-NLP/gte-Qwen2-1.5B-instruct", false).unwrap_err().to_string();
         assert!(e.contains("modeling_qwen.Qwen2Model") && e.contains("--trust-remote-code"), "{e}");
         assert!(StModel::read(dir.path(), "Alibaba-NLP/gte-Qwen2-1.5B-instruct", true).is_ok());
+    }
+
+    #[test]
+    fn language_model_rerankers_take_their_cards_templates() {
+        let gemma = repo(&[
+            ("config.json", r#"{"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "max_position_embeddings": 8192}"#),
+            ("tokenizer_config.json", r#"{"bos_token": {"content": "<bos>"}, "model_max_length": 1000000000000000019884624838656}"#),
+        ]);
+        let st = StModel::read(gemma.path(), "BAAI/bge-reranker-v2-gemma", false).unwrap();
+        let template = st.rerank_template.unwrap().value;
+        assert_eq!((st.max_tokens.value, template.query_tokens, template.pair_tokens), (8192, Some(768), Some(1024)));
+        assert_eq!(template.parts[0], "<bos>");
+        assert_eq!(st.score_tokens, Some(("Yes".into(), None)));
+        let qwen3 = repo(&[("config.json", r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "max_position_embeddings": 40960}"#)]);
+        let st = StModel::read(qwen3.path(), "Qwen/Qwen3-Reranker-0.6B", false).unwrap();
+        assert_eq!((st.max_tokens.value, st.rerank_template.unwrap().value.parts.len()), (8192, 3));
+        let llama = repo(&[("config.json", r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#)]);
+        let e = StModel::read(llama.path(), "org/llama-reranker", false).unwrap_err().to_string();
+        assert!(e.contains("LlamaForCausalLM reranker") && e.contains("bge-reranker-v2-gemma's"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use crate::config::{LongText, ModelConfig, RerankTemplate, TokenIds};
+use crate::rerank_template::PartRole;
 
 /// What a request asks to embed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -128,11 +129,13 @@ pub struct TextTokenizer {
     rerank_template: Option<TemplateIds>,
 }
 
-/// A rerank template with its prefix and suffix tokenized once, at load.
+/// A rerank template with its fixed parts tokenized once, at load.
 struct TemplateIds {
     template: RerankTemplate,
-    prefix: Vec<i64>,
-    suffix: Vec<i64>,
+    /// Each part's ids when it holds no placeholder.
+    fixed: Vec<Option<Vec<i64>>>,
+    document: usize,
+    query: Option<usize>,
 }
 
 impl TextTokenizer {
@@ -164,9 +167,19 @@ impl TextTokenizer {
     pub fn from_config(config: &ModelConfig) -> Result<Self, TokenizeError> {
         let mut tokenizer = Self::load(&config.tokenizer.path(), config.tokenizer_ids, Split::of(config))?;
         if let Some(template) = &config.rerank_template {
-            let ids = |text: &str| tokenizer.backend.content(text).map(|c| c.into_iter().map(i64::from).collect::<Vec<i64>>());
-            let (prefix, suffix) = (ids(&template.prefix)?, ids(&template.suffix)?);
-            tokenizer.rerank_template = Some(TemplateIds { template: template.clone(), prefix, suffix });
+            if let Some(problem) = template.problem() {
+                return Err(TokenizeError::Tokenizer(format!("rerank_template: {problem}")));
+            }
+            let fixed = template
+                .parts
+                .iter()
+                .map(|part| match RerankTemplate::role(part) {
+                    PartRole::Fixed => tokenizer.ids(part).map(Some),
+                    PartRole::Request | PartRole::Document => Ok(None),
+                })
+                .collect::<Result<_, _>>()?;
+            let (document, query) = (template.document_part().expect("checked by problem()"), template.query_part());
+            tokenizer.rerank_template = Some(TemplateIds { template: template.clone(), fixed, document, query });
         }
         Ok(tokenizer)
     }
@@ -248,10 +261,16 @@ impl TextTokenizer {
         }
     }
 
+    /// A text's ids without special tokens.
+    fn ids(&self, text: &str) -> Result<Vec<i64>, TokenizeError> {
+        Ok(self.backend.content(text)?.into_iter().map(i64::from).collect())
+    }
+
     /// One sequence per document for a language-model reranker, as its model
-    /// card builds them: the template's prefix, the filled pair (with the
-    /// tokenizer's special tokens, its content cut to what the prefix and
-    /// suffix leave of `max_tokens`) and the suffix, each tokenized apart.
+    /// card builds them: the template's parts filled and tokenized apart
+    /// (those without `{document}` once a request), the query's part cut to
+    /// `query_tokens`, the document's part cut so that the parts up to it fit
+    /// `pair_tokens` and all of them `max_tokens`.
     fn encode_templated(
         &self,
         frame: &TemplateIds,
@@ -260,16 +279,35 @@ impl TextTokenizer {
         documents: &[String],
         max_tokens: usize,
     ) -> Result<Vec<Encoded>, TokenizeError> {
-        let (prefix, suffix) = (&frame.prefix, &frame.suffix);
-        let fixed = prefix.len() + suffix.len() + self.backend.specials();
-        if fixed >= max_tokens {
-            return Err(TokenizeError::QueryTooLong { query: prefix.len() + suffix.len(), specials: self.backend.specials(), max_tokens });
+        let template = &frame.template;
+        let mut parts = Vec::with_capacity(template.parts.len());
+        for (i, part) in template.parts.iter().enumerate() {
+            parts.push(match (&frame.fixed[i], RerankTemplate::role(part)) {
+                (Some(ids), _) => ids.clone(),
+                (None, PartRole::Document) => Vec::new(),
+                (None, _) => {
+                    let mut ids = self.ids(&template.fill(part, instruction, query, ""))?;
+                    if Some(i) == frame.query {
+                        ids.truncate(template.query_tokens.unwrap_or(usize::MAX));
+                    }
+                    ids
+                }
+            });
         }
-        let room = max_tokens - fixed;
+        let before: usize = parts[..frame.document].iter().map(Vec::len).sum();
+        let after: usize = parts[frame.document + 1..].iter().map(Vec::len).sum();
+        let room = max_tokens.saturating_sub(before + after).min(template.pair_tokens.map_or(usize::MAX, |n| n.saturating_sub(before)));
+        if room == 0 {
+            return Err(TokenizeError::QueryTooLong {
+                query: before + after,
+                specials: 0,
+                max_tokens: max_tokens.min(template.pair_tokens.unwrap_or(max_tokens)),
+            });
+        }
         let one = |document: &String| {
-            let content = self.backend.content(&frame.template.fill(instruction, query, document))?;
-            let body = self.backend.wrap(&content[..content.len().min(room)])?;
-            let ids: Vec<i64> = prefix.iter().copied().chain(body.ids).chain(suffix.iter().copied()).collect();
+            let mut body = self.ids(&template.fill(&template.parts[frame.document], instruction, query, document))?;
+            body.truncate(room);
+            let ids: Vec<i64> = parts[..frame.document].iter().flatten().chain(&body).chain(parts[frame.document + 1..].iter().flatten()).copied().collect();
             Ok(Encoded { type_ids: vec![0; ids.len()], ids })
         };
         if documents.len() >= PARALLEL_FROM {

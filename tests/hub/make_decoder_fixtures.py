@@ -35,9 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sentence_transformers import SentenceTransformer, models
 from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors, trainers
-from transformers import (AutoTokenizer, Gemma2Config, Gemma2Model, Gemma3TextConfig, Gemma3TextModel, GemmaConfig, GemmaModel,
+from transformers import (AutoTokenizer, Gemma2Config, Gemma2Model, Gemma3TextConfig, Gemma3TextModel, GemmaConfig, GemmaForCausalLM, GemmaModel,
                           Qwen3ForCausalLM, LlamaConfig, LlamaModel, MistralConfig, MistralModel, ModernBertConfig,
                           ModernBertModel, MPNetConfig, MPNetModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2Model, Qwen3Config,
                           Qwen3Model)
@@ -94,6 +93,9 @@ def encoder_tokenizer(out):
 
 
 def family(name, config_cls, model_cls, out, extra):
+    # Imported here: bge-gemma-reranker runs under transformers 4, which sentence-transformers 6 refuses.
+    from sentence_transformers import SentenceTransformer, models
+
     out.mkdir(parents=True, exist_ok=True)
     extra = dict(extra)
     extra_bf16 = extra.pop("bf16", False)
@@ -253,6 +255,88 @@ def qwen3_reranker(out):
     (out / "reference.json").write_text(json.dumps(reference))
 
 
+BGE_PROMPT = ("Given a query A and a passage B, determine whether the passage contains an answer to the query by providing a "
+              "prediction of either 'Yes' or 'No'.")
+
+
+def bge_gemma_reranker(out):
+    """Laid out as BAAI/bge-reranker-v2-gemma: a GemmaForCausalLM, no
+    sentence-transformers files, a tokenizer with Gemma's specials and a
+    single "Yes" token; scored by its model card's own get_inputs, which
+    calls prepare_for_model: transformers 5 dropped it from fast tokenizers,
+    so this one runs under transformers 4, as the card was written."""
+    import transformers
+    if not transformers.__version__.startswith("4."):
+        raise SystemExit(f"bge-gemma-reranker: the card's get_inputs needs transformers 4 (prepare_for_model), not {transformers.__version__}")
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(20261205)
+    tok = Tokenizer(tok_models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 4 + ["Yes", "No"] * 200 + [BGE_PROMPT, "A: ", "B: "] * 4, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", 2)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+                                   padding_side="left")
+    fast.save_pretrained(out)
+    config = GemmaConfig(vocab_size=fast.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=1, head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-6, pad_token_id=0,
+                         eos_token_id=1, bos_token_id=2, hidden_act="gelu_pytorch_tanh", architectures=["GemmaForCausalLM"])
+    model = GemmaForCausalLM(config).eval()
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.normal_(0.0, 0.2)
+    model.save_pretrained(out, safe_serialization=True)
+
+    # The model card's code (get_inputs, then the logit of "Yes" at the last
+    # position, normalized by a sigmoid as FlagEmbedding's normalize=True does).
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    model = GemmaForCausalLM.from_pretrained(str(out)).eval()
+    yes_loc = tokenizer("Yes", add_special_tokens=False)["input_ids"][0]
+    assert tokenizer.convert_ids_to_tokens(yes_loc) == "Yes"
+
+    def get_inputs(pairs, prompt, max_length=1024):
+        sep = "\n"
+        prompt_inputs = tokenizer(prompt, return_tensors=None, add_special_tokens=False)["input_ids"]
+        sep_inputs = tokenizer(sep, return_tensors=None, add_special_tokens=False)["input_ids"]
+        inputs = []
+        for query, passage in pairs:
+            query_inputs = tokenizer(f"A: {query}", return_tensors=None, add_special_tokens=False, max_length=max_length * 3 // 4,
+                                     truncation=True)
+            passage_inputs = tokenizer(f"B: {passage}", return_tensors=None, add_special_tokens=False, max_length=max_length,
+                                       truncation=True)
+            item = tokenizer.prepare_for_model([tokenizer.bos_token_id] + query_inputs["input_ids"], sep_inputs + passage_inputs["input_ids"],
+                                               truncation="only_second", max_length=max_length, padding=False, return_attention_mask=False,
+                                               return_token_type_ids=False, add_special_tokens=False)
+            item["input_ids"] = item["input_ids"] + sep_inputs + prompt_inputs
+            item["attention_mask"] = [1] * len(item["input_ids"])
+            inputs.append(item)
+        return tokenizer.pad(inputs, padding=True, max_length=max_length + len(sep_inputs) + len(prompt_inputs), pad_to_multiple_of=8,
+                             return_tensors="pt")
+
+    def scores(prompt, query, documents):
+        inputs = get_inputs([(query, d) for d in documents], prompt)
+        with torch.no_grad():
+            logits = model(**inputs, return_dict=True).logits[:, -1, yes_loc].view(-1).float()
+        return torch.sigmoid(logits).tolist(), int(inputs["input_ids"].shape[1])
+
+    query = "What is the capital of Portugal?"
+    # The last document is longer than the card's max_length, so it is cut
+    # (only_second); the long query is longer than three quarters of it.
+    documents = TEXTS[:10] + ["Lisbon is the capital of Portugal.", "Yes", "x " * 1400]
+    long_query = "capital city " * 500
+    given = "Given a question A and a passage B, say 'Yes' when B answers A."
+    default, padded = scores(BGE_PROMPT, query, documents)
+    with_instruction, _ = scores(given, query, documents)
+    long, long_padded = scores(BGE_PROMPT, long_query, documents)
+    reference = {"query": query, "documents": documents, "yes_id": yes_loc, "default_instruction": BGE_PROMPT, "scores": default,
+                 "instruction": given, "scores_with_instruction": with_instruction, "long_query": long_query, "scores_long_query": long,
+                 "made_by": f"transformers {__import__('transformers').__version__}, torch {torch.__version__}"}
+    print(f"bge-gemma-reranker: Yes {yes_loc}, padded to {padded} and {long_padded}; scores {[round(x, 4) for x in default[:4]]}")
+    (out / "reference.json").write_text(json.dumps(reference))
+
+
 def main():
     out = Path(sys.argv[1])
     only = set(sys.argv[2:])
@@ -261,6 +345,8 @@ def main():
             family(name, config_cls, model_cls, out / f"{name}-tiny", extra)
     if not only or "qwen3-reranker" in only:
         qwen3_reranker(out / "qwen3-reranker-tiny")
+    if not only or "bge-gemma-reranker" in only:
+        bge_gemma_reranker(out / "bge-gemma-reranker-tiny")
 
 
 if __name__ == "__main__":
