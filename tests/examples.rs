@@ -198,3 +198,41 @@ fn open_webui_ollama_engine_request() {
     let server = server();
     replay_open_webui(&server, "how do I greet someone in Python?", "ollama");
 }
+
+/// A model pinned by the base URL alone (`/models/{id}/...`, as a balancer
+/// that hashes on the URL needs): openai-python, the ollama client and TEI's
+/// InferenceClient each reach the model the URL names, not the default.
+#[test]
+fn each_client_reaches_the_model_its_base_url_names() {
+    let config = format!(
+        "[server]\napi_key = \"{KEY}\"\n{}{}",
+        model_entry("all-minilm-l6-v2", "all-minilm-l6-v2", ""),
+        model_entry("org/minilm-int8", "all-minilm-l6-v2-int8", "aliases = [\"int8\"]")
+    );
+    let server = Server::start(Some(&config), &[]);
+    let int8 = vectors(&authed(&server, "/v1/embeddings", json!({"input": TEXTS, "model": "org/minilm-int8", "encoding_format": "float"})));
+    let default = vectors(&authed(&server, "/v1/embeddings", json!({"input": TEXTS, "encoding_format": "float"})));
+    assert_ne!(int8, default, "the pinned model must be told apart from the default");
+    for prefix in ["/models/org/minilm-int8", "/models/int8"] {
+        let base = format!("{}{prefix}", server.url);
+        let openai = run(Command::new(python())
+            .arg(example("openai_client.py"))
+            .arg("--base-url")
+            .arg(format!("{base}/v1"))
+            .args(["--model", "org/minilm-int8", "--float"])
+            .args(TEXTS)
+            .env("OPENAI_API_KEY", KEY));
+        assert_eq!(serde_json::from_value::<Vec<Vec<f32>>>(openai["vectors"].clone()).unwrap(), int8, "openai-python, base URL {base}/v1");
+        let ollama = run(Command::new(python())
+            .arg(example("ollama_client.py"))
+            .arg("--host")
+            .arg(&base)
+            .args(["--model", "org/minilm-int8:latest"])
+            .args(TEXTS)
+            .env("OLLAMA_API_KEY", KEY));
+        assert_eq!(serde_json::from_value::<Vec<Vec<f32>>>(ollama["embed"].clone()).unwrap(), int8, "ollama, host {base}");
+        assert_eq!(ollama["models"], json!(["org/minilm-int8:latest"]), "ollama's list under {base}");
+        let tei = run(Command::new(python()).arg(example("tei_clients.py")).arg("--url").arg(&base).args(TEXTS).env("HF_TOKEN", KEY));
+        assert_eq!(serde_json::from_value::<Vec<Vec<f32>>>(tei["inference_client"].clone()).unwrap(), int8, "InferenceClient, base_url {base}");
+    }
+}

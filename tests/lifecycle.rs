@@ -131,6 +131,9 @@ fn max_loaded_models_evicts_the_longest_idle_on_demand_model_never_a_resident_on
     server.embed(json!("x"), json!({"model": "b"}));
     assert_eq!((state(&server, "resident").as_str(), state(&server, "a").as_str()), ("loaded", "unloaded"));
     assert_eq!(counter(&server, "resident", "unloads"), 0);
+    // Each of those unloads made room, so each is an eviction: a twice, b once.
+    assert_eq!([counter(&server, "a", "evictions"), counter(&server, "b", "evictions"), counter(&server, "resident", "evictions")], [2, 1, 0]);
+    assert!(server.model_health("b")["counters"]["load_seconds"].as_f64().unwrap() > 0.0);
 
     // A busy model is never evicted: with b busy, loading a has no room -> 503 + Retry-After.
     let hold = hold_engine(&server, "b", 96);

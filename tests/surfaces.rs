@@ -291,3 +291,63 @@ fn tei_answers_have_the_fields_of_teis_schemas() {
     let vectors = ok(&server, "/embed", json!({"inputs": ["a"]}));
     assert!(vectors[0].as_array().unwrap().iter().all(|x| x.is_f64()), "EmbedResponse is [[number]]");
 }
+
+/// Every model route under `/models/{id}` (one segment, a Hub id's two, or
+/// its slash as %2F; an alias too) serves the model the URL names, with or
+/// without `model` in the body; a body that names another model is refused
+/// in each API's shape, naming both; the listings show that one model.
+#[test]
+fn routes_under_models_id_serve_the_model_the_url_names() {
+    let config = format!(
+        "[server]\napi_key = \"{KEY}\"\n{}{}{}",
+        model_entry("all-minilm-l6-v2", "all-minilm-l6-v2", ""),
+        model_entry("org/minilm-raw", "all-minilm-l6-v2", "normalize = false\naliases = [\"raw\"]"),
+        model_entry("minilm-reranker", "minilm-reranker", "kind = \"reranker\"\npooling = \"none\"")
+    );
+    let server = Server::start(Some(&config), &[]);
+    let raw = vectors(&ok(&server, "/v1/embeddings", json!({"input": TEXTS, "model": "org/minilm-raw", "encoding_format": "float"})));
+    let default = vectors(&ok(&server, "/v1/embeddings", json!({"input": TEXTS, "encoding_format": "float"})));
+    assert_ne!(raw, default, "the pinned model must be told apart from the default");
+    for prefix in ["/models/org/minilm-raw", "/models/org%2Fminilm-raw", "/models/raw"] {
+        for body_model in [Value::Null, json!("org/minilm-raw"), json!("raw")] {
+            let body = json!({"input": TEXTS, "model": body_model, "encoding_format": "float"});
+            let response = ok(&server, &format!("{prefix}/v1/embeddings"), body.clone());
+            assert_eq!((vectors(&response), response["model"].as_str()), (raw.clone(), Some("org/minilm-raw")), "{prefix}, model {body_model}");
+            assert_eq!(vectors(&ok(&server, &format!("{prefix}/embeddings"), body)), raw, "{prefix}/embeddings");
+        }
+        let tei = json!({"inputs": TEXTS, "normalize": false});
+        assert_eq!(floats(&ok(&server, &format!("{prefix}/embed"), tei.clone())), raw, "{prefix}/embed");
+        assert_eq!(floats(&ok(&server, prefix, tei)), raw, "{prefix} (TEI's root)");
+        let ollama = ok(&server, &format!("{prefix}/api/embed"), json!({"input": TEXTS}));
+        assert_eq!((floats(&ollama["embeddings"]), ollama["model"].as_str()), (raw.clone(), Some("org/minilm-raw")), "{prefix}/api/embed");
+        let listed: Vec<Value> = get(&server, &format!("{prefix}/v1/models"))["data"].as_array().unwrap().iter().map(|m| m["id"].clone()).collect();
+        assert_eq!(listed, [json!("org/minilm-raw")], "{prefix}/v1/models");
+        let tags: Vec<Value> = get(&server, &format!("{prefix}/api/tags"))["models"].as_array().unwrap().iter().map(|m| m["name"].clone()).collect();
+        assert_eq!(tags, [json!("org/minilm-raw:latest")], "{prefix}/api/tags");
+        assert_eq!(get(&server, &format!("{prefix}/info"))["model_id"], "org/minilm-raw", "{prefix}/info");
+        let tokens = ok(&server, &format!("{prefix}/tokenize"), json!({"inputs": "hello"}));
+        assert_eq!(tokens[0].as_array().unwrap().len(), 3, "{tokens}");
+    }
+    // Rerank under the reranker's prefix, Infinity's body and TEI's.
+    let scores = ok(&server, "/v1/rerank", json!({"model": "minilm-reranker", "query": "sort a list", "documents": TEXTS}));
+    assert_eq!(ok(&server, "/models/minilm-reranker/v1/rerank", json!({"query": "sort a list", "documents": TEXTS}))["results"], scores["results"]);
+    let tei = ok(&server, "/models/minilm-reranker/rerank", json!({"query": "sort a list", "texts": TEXTS}));
+    assert_eq!(tei.as_array().unwrap().len(), 3, "{tei}");
+
+    // Another model in the body: each API's own refusal, naming both.
+    let (status, body) = post(&server, "/models/raw/v1/embeddings", json!({"input": "x", "model": "all-minilm-l6-v2"}));
+    assert_eq!((status, body["error"]["code"].as_str(), body["error"]["param"].as_str()), (400, Some("model_mismatch"), Some("model")), "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("\"raw\"") && message.contains("\"all-minilm-l6-v2\""), "{message}");
+    let message = tei_refusal(&server, "/models/raw/embed", json!({"inputs": "x", "model": "all-minilm-l6-v2"}), 422, "Validation");
+    assert!(message.contains("all-minilm-l6-v2"), "{message}");
+    let message = ollama_refusal(&server, "/models/raw/api/embed", json!({"input": "x", "model": "all-minilm-l6-v2"}), 400);
+    assert!(message.contains("all-minilm-l6-v2"), "{message}");
+    // A model the server does not have, named by the URL: the usual 404.
+    let (status, body) = post(&server, "/models/nope/v1/embeddings", json!({"input": "x"}));
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")), "{body}");
+    // An unknown route under the prefix answers in its API's shape; the server keeps serving.
+    let (status, body) = post(&server, "/models/raw/api/nothing", json!({}));
+    assert_eq!((status, body.as_object().map(|o| o.len())), (404, Some(1)), "{body}");
+    assert_eq!(vectors(&ok(&server, "/models/raw/v1/embeddings", json!({"input": TEXTS, "encoding_format": "float"}))), raw);
+}

@@ -44,7 +44,7 @@ impl Dialect {
     /// The dialect of a route that has no handler to choose it (a 401, 404 or
     /// 405 answered before one runs).
     pub fn of_path(path: &str) -> Self {
-        match path {
+        match super::pinned::unpinned(path) {
             "/" | "/embed" | "/tokenize" | "/decode" | "/info" => Dialect::Tei,
             p if p.starts_with("/api/") => Dialect::Ollama,
             _ => Dialect::OpenAi,

@@ -89,6 +89,7 @@ pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
             ("eeane_model_errors_total", c.errors),
             ("eeane_model_loads_total", c.loads),
             ("eeane_model_unloads_total", c.unloads),
+            ("eeane_model_evictions_total", c.evictions),
         ] {
             metrics::counter!(name, "model" => id.clone()).absolute(value);
         }

@@ -10,6 +10,7 @@ mod metrics;
 pub mod ollama;
 pub mod openai;
 pub mod openapi;
+pub mod pinned;
 pub mod rerank;
 pub mod tei;
 
@@ -38,11 +39,13 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     // The metrics recorder first: handles taken before it exists record nothing.
     metrics::handle();
-    // Every endpoint answers with and without the /v1 prefix.
-    let api = Router::new().route("/embeddings", post(openai::embeddings)).route("/rerank", post(rerank::rerank)).route("/models", get(openai::models));
+    let models = model_routes();
     Router::new()
-        .merge(api.clone())
-        .nest("/v1", api)
+        .merge(models.clone())
+        // The same routes under a prefix that names the model, for balancers
+        // that route by URL (pinned.rs): one segment, or a Hub id's two.
+        .nest(pinned::PREFIXES[0], models.clone())
+        .nest(pinned::PREFIXES[1], models)
         .route("/health", get(health::health))
         .route("/v1/health", get(health::health))
         .route("/metrics", get(metrics::metrics))
@@ -50,18 +53,6 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi::openapi_json))
         .merge(openapi::explorer())
         .route("/admin/reload", post(admin::reload))
-        // Text Embeddings Inference's routes (/rerank takes its body too).
-        .route("/", post(tei::root))
-        .route("/embed", post(tei::embed))
-        .route("/tokenize", post(tei::tokenize))
-        .route("/decode", post(tei::decode))
-        .route("/info", get(tei::info))
-        // Ollama's embedding routes.
-        .route("/api/embed", post(ollama::embed))
-        .route("/api/embeddings", post(ollama::embeddings))
-        .route("/api/tags", get(ollama::tags))
-        .route("/api/ps", get(ollama::ps))
-        .route("/api/version", get(ollama::version))
         .fallback(|uri: axum::http::Uri| async move { ApiError::route_not_found(uri.path()).in_dialect(Dialect::of_path(uri.path())) })
         .method_not_allowed_fallback(|uri: axum::http::Uri| async move { ApiError::method_not_allowed().in_dialect(Dialect::of_path(uri.path())) })
         // On matched routes only: an unknown path is a 404 and a wrong method a
@@ -76,6 +67,27 @@ pub fn router(state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(RandomRequestId))
         .with_state(state)
+}
+
+/// Every route that serves a model, as each API names it.
+fn model_routes() -> Router<AppState> {
+    // OpenAI's and Infinity's routes answer with and without the /v1 prefix.
+    let openai = Router::new().route("/embeddings", post(openai::embeddings)).route("/rerank", post(rerank::rerank)).route("/models", get(openai::models));
+    Router::new()
+        .merge(openai.clone())
+        .nest("/v1", openai)
+        // Text Embeddings Inference's routes (/rerank takes its body too).
+        .route("/", post(tei::root))
+        .route("/embed", post(tei::embed))
+        .route("/tokenize", post(tei::tokenize))
+        .route("/decode", post(tei::decode))
+        .route("/info", get(tei::info))
+        // Ollama's embedding routes.
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
 }
 
 /// Installs the metrics recorder (idempotent); `serve` calls it before models load.

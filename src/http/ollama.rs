@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use super::error::{ApiError, Dialect};
 use super::openai::{parse_input_field, parse_json, parse_keep_alive, read_body};
+use super::pinned::PinnedModel;
 use super::AppState;
 use crate::serving::{EmbedRequest, Embedded, Inputs, LongInputs, ModelHealth};
 
@@ -131,12 +132,17 @@ fn ollama(e: impl Into<ApiError>) -> ApiError {
 
 /// The model a name means: an id or alias as it is, else without Ollama's
 /// `:latest` tag. Ollama requires a model.
-fn model_name(app: &AppState, name: Option<String>) -> Result<String, ApiError> {
-    let name = name.filter(|n| !n.is_empty()).ok_or_else(|| ollama(ApiError::invalid_request("missing_model", "model is required").with_param("model")))?;
-    Ok(match name.strip_suffix(":latest") {
+/// The model asked for: the body's (Ollama's `NAME:latest` read as `NAME`
+/// when only that is a model here), or the URL's under `/models/{id}`.
+fn model_name(app: &AppState, pinned: &PinnedModel, name: Option<String>) -> Result<String, ApiError> {
+    let name = name.filter(|n| !n.is_empty()).map(|name| match name.strip_suffix(":latest") {
         Some(bare) if !app.service.has_model(&name) && app.service.has_model(bare) => bare.to_string(),
         _ => name,
-    })
+    });
+    pinned
+        .choose(&app.service, name)
+        .map_err(ollama)?
+        .ok_or_else(|| ollama(ApiError::invalid_request("missing_model", "model is required").with_param("model")))
 }
 
 /// Embeds `inputs`; the load time, when this request loaded the model.
@@ -175,11 +181,11 @@ pub fn parse_embed(body: &[u8], max_inputs: usize) -> Result<(OllamaEmbedRequest
 /// Ollama's embed: one vector per input.
 #[utoipa::path(post, path = "/api/embed", operation_id = "ollama_embed", tag = "ollama", request_body = OllamaEmbedRequest,
     responses((status = 200, body = OllamaEmbedResponse), (status = "4XX", body = super::error::OllamaErrorResponse), (status = "5XX", body = super::error::OllamaErrorResponse)))]
-pub async fn embed(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn embed(State(app): State<AppState>, pinned: PinnedModel, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let started = Instant::now();
     let max_inputs = app.service.live().config.server.max_inputs;
     let (mut request, inputs, long_inputs) = parse_embed(&read_body(body).map_err(ollama)?, max_inputs)?;
-    let model = model_name(&app, request.model.take())?;
+    let model = model_name(&app, &pinned, request.model.take())?;
     let (Embedded { model, vectors, tokens, .. }, loading) =
         embed_inputs(&app, model, inputs, request.keep_alive.take(), request.dimensions, long_inputs).await?;
     let summary = super::RequestSummary { model: model.clone(), inputs: vectors.len(), tokens };
@@ -196,9 +202,9 @@ pub async fn embed(State(app): State<AppState>, body: Result<Bytes, BytesRejecti
 /// Ollama's older embeddings route: one prompt, one vector.
 #[utoipa::path(post, path = "/api/embeddings", operation_id = "ollama_embeddings", tag = "ollama", request_body = OllamaEmbeddingsRequest,
     responses((status = 200, body = OllamaEmbeddingsResponse), (status = "4XX", body = super::error::OllamaErrorResponse), (status = "5XX", body = super::error::OllamaErrorResponse)))]
-pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn embeddings(State(app): State<AppState>, pinned: PinnedModel, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let mut request: OllamaEmbeddingsRequest = parse_json(&read_body(body).map_err(ollama)?).map_err(ollama)?;
-    let model = model_name(&app, request.model.take())?;
+    let model = model_name(&app, &pinned, request.model.take())?;
     let prompt = request.prompt.take().unwrap_or_default();
     if prompt.is_empty() {
         // Ollama answers an empty prompt with an empty embedding, for a model it has.
@@ -257,16 +263,19 @@ fn listed(app: &AppState, m: &ModelHealth, running: bool) -> OllamaModel {
     }
 }
 
-/// Every configured model, as Ollama lists the models it has.
+/// Every configured model, as Ollama lists the models it has; under
+/// `/models/{id}`, that one.
 #[utoipa::path(get, path = "/api/tags", operation_id = "ollama_tags", tag = "ollama", responses((status = 200, body = OllamaModels)))]
-pub async fn tags(State(app): State<AppState>) -> Json<OllamaModels> {
-    Json(OllamaModels { models: app.service.model_states().iter().map(|m| listed(&app, m, false)).collect() })
+pub async fn tags(State(app): State<AppState>, pinned: PinnedModel) -> Json<OllamaModels> {
+    let states = app.service.model_states();
+    Json(OllamaModels { models: states.iter().filter(|m| pinned.admits(&m.id, &m.aliases)).map(|m| listed(&app, m, false)).collect() })
 }
 
-/// The loaded models, with when each unloads.
+/// The loaded models, with when each unloads; under `/models/{id}`, that one if loaded.
 #[utoipa::path(get, path = "/api/ps", operation_id = "ollama_ps", tag = "ollama", responses((status = 200, body = OllamaModels)))]
-pub async fn ps(State(app): State<AppState>) -> Json<OllamaModels> {
-    Json(OllamaModels { models: app.service.model_states().iter().filter(|m| m.status.loaded).map(|m| listed(&app, m, true)).collect() })
+pub async fn ps(State(app): State<AppState>, pinned: PinnedModel) -> Json<OllamaModels> {
+    let states = app.service.model_states();
+    Json(OllamaModels { models: states.iter().filter(|m| m.status.loaded && pinned.admits(&m.id, &m.aliases)).map(|m| listed(&app, m, true)).collect() })
 }
 
 /// The Ollama API version this server answers to.

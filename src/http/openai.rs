@@ -13,6 +13,7 @@ use serde_json::Value;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
 
 use super::error::ApiError;
+use super::pinned::PinnedModel;
 use super::AppState;
 use crate::serving::{EmbedRequest, Embedded, Inputs, KeepAlive};
 use std::time::Duration;
@@ -258,13 +259,13 @@ pub fn parse_embeddings(body: &[u8], max_inputs: usize) -> Result<ParsedEmbeddin
 /// OpenAI embeddings.
 #[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings", request_body = EmbeddingsRequest,
     responses((status = 200, body = EmbeddingsResponse), (status = "4XX", body = super::error::ErrorResponse), (status = "5XX", body = super::error::ErrorResponse)))]
-pub async fn embeddings(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
+pub async fn embeddings(State(app): State<AppState>, pinned: PinnedModel, body: Result<Bytes, BytesRejection>) -> Result<impl IntoResponse, ApiError> {
     let max_inputs = app.service.live().config.server.max_inputs;
     let ParsedEmbeddings { request, inputs, keep_alive, flat_ids } = parse_embeddings(&read_body(body)?, max_inputs)?;
     let embedded = app
         .service
         .embed(EmbedRequest {
-            model: request.model,
+            model: pinned.choose(&app.service, request.model)?,
             inputs,
             prompt_name: request.prompt_name,
             dimensions: request.dimensions,
@@ -332,13 +333,14 @@ pub struct ModelObject {
     pub loaded: bool,
 }
 
-/// Every servable model, with its state.
+/// Every servable model, with its state; under `/models/{id}`, that one.
 #[utoipa::path(get, path = "/v1/models", tag = "models", responses((status = 200, body = ModelList)))]
-pub async fn models(State(app): State<AppState>) -> Json<ModelList> {
+pub async fn models(State(app): State<AppState>, pinned: PinnedModel) -> Json<ModelList> {
     let data = app
         .service
         .model_states()
         .into_iter()
+        .filter(|m| pinned.admits(&m.id, &m.aliases))
         .map(|m| ModelObject {
             id: m.id,
             object: "model",

@@ -17,6 +17,7 @@ use serde_json::Value;
 use super::documents::{best_first, documents};
 use super::error::ApiError;
 use super::openai::{parse_json, parse_keep_alive, read_body};
+use super::pinned::PinnedModel;
 use super::AppState;
 use crate::serving::{KeepAlive, Ranked, RerankRequest as ServeRerank};
 
@@ -136,10 +137,10 @@ pub enum RerankError {
 /// answered in TEI's shape, errors included.
 #[utoipa::path(post, path = "/v1/rerank", tag = "rerank", request_body = RerankBody,
     responses((status = 200, body = RerankAnswer), (status = "4XX", body = RerankError), (status = "5XX", body = RerankError)))]
-pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<axum::response::Response, ApiError> {
+pub async fn rerank(State(app): State<AppState>, pinned: PinnedModel, body: Result<Bytes, BytesRejection>) -> Result<axum::response::Response, ApiError> {
     let body = read_body(body)?;
     if super::tei::is_tei_rerank(&body) {
-        return super::tei::rerank_body(&app, &body).await;
+        return super::tei::rerank_body(&app, &pinned, &body).await;
     }
     let max_inputs = app.service.live().config.server.max_inputs;
     let ParsedRerank { request, query, docs, top_n, keep_alive } = parse_rerank(&body, max_inputs)?;
@@ -148,7 +149,14 @@ pub async fn rerank(State(app): State<AppState>, body: Result<Bytes, BytesReject
     let returned = request.return_documents.then(|| docs.clone());
     let ranked = app
         .service
-        .rerank(ServeRerank { model: request.model, query, documents: docs, raw_scores: request.raw_scores, keep_alive, instruction: request.instruction })
+        .rerank(ServeRerank {
+            model: pinned.choose(&app.service, request.model)?,
+            query,
+            documents: docs,
+            raw_scores: request.raw_scores,
+            keep_alive,
+            instruction: request.instruction,
+        })
         .await?;
     let Ranked { model, scores, tokens } = ranked;
     let results = best_first(&scores)

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use super::error::{ApiError, Dialect};
 use super::openai::{parse_input_field, parse_json, read_body};
+use super::pinned::PinnedModel;
 use super::AppState;
 use crate::serving::{EmbedRequest, Embedded, Inputs, LongInputs, Ranked, RerankRequest as ServeRerank, Token, TokenizeRequest};
 
@@ -230,13 +231,13 @@ pub fn parse_decode(body: &[u8], max_inputs: usize) -> Result<(TeiDecodeRequest,
     }
 }
 
-pub async fn embed_body(app: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+pub async fn embed_body(app: &AppState, pinned: &PinnedModel, body: &[u8]) -> Result<Response, ApiError> {
     let max_inputs = app.service.live().config.server.max_inputs;
     let (request, inputs, long_inputs) = parse_embed(body, max_inputs)?;
     let embedded = app
         .service
         .embed(EmbedRequest {
-            model: request.model,
+            model: pinned.choose(&app.service, request.model).map_err(tei)?,
             inputs,
             prompt_name: request.prompt_name,
             dimensions: request.dimensions,
@@ -254,13 +255,13 @@ pub async fn embed_body(app: &AppState, body: &[u8]) -> Result<Response, ApiErro
 /// TEI's embed: one vector per input, `[[f32]]`.
 #[utoipa::path(post, path = "/embed", operation_id = "tei_embed", tag = "tei", request_body = TeiEmbedRequest,
     responses((status = 200, body = Vec<Vec<f32>>), (status = "4XX", body = super::error::TeiErrorResponse), (status = "5XX", body = super::error::TeiErrorResponse)))]
-pub async fn embed(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    embed_body(&app, &read_body(body).map_err(tei)?).await
+pub async fn embed(State(app): State<AppState>, pinned: PinnedModel, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    embed_body(&app, &pinned, &read_body(body).map_err(tei)?).await
 }
 
 /// TEI's rerank (`/rerank` with a TEI body, or `/` with a query and texts):
 /// each text's score, best first.
-pub async fn rerank_body(app: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+pub async fn rerank_body(app: &AppState, pinned: &PinnedModel, body: &[u8]) -> Result<Response, ApiError> {
     let max_inputs = app.service.live().config.server.max_inputs;
     let (request, query, texts) = parse_rerank(body, max_inputs)?;
     let returned = request.return_text.then(|| texts.clone());
@@ -268,7 +269,7 @@ pub async fn rerank_body(app: &AppState, body: &[u8]) -> Result<Response, ApiErr
     let Ranked { model, scores, tokens } = app
         .service
         .rerank(ServeRerank {
-            model: request.model,
+            model: pinned.choose(&app.service, request.model).map_err(tei)?,
             query,
             documents: texts,
             raw_scores: request.raw_scores,
@@ -290,13 +291,13 @@ pub async fn rerank_body(app: &AppState, body: &[u8]) -> Result<Response, ApiErr
 #[utoipa::path(post, path = "/", operation_id = "tei_root", tag = "tei", request_body = TeiEmbedRequest,
     responses((status = 200, description = "as /embed, or as TEI's /rerank for a body with query and texts", body = Vec<Vec<f32>>),
         (status = "4XX", body = super::error::TeiErrorResponse), (status = "5XX", body = super::error::TeiErrorResponse)))]
-pub async fn root(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn root(State(app): State<AppState>, pinned: PinnedModel, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = read_body(body).map_err(tei)?;
     let k = keys(&body);
     if k.query.is_some() && k.texts.is_some() {
-        rerank_body(&app, &body).await
+        rerank_body(&app, &pinned, &body).await
     } else {
-        embed_body(&app, &body).await
+        embed_body(&app, &pinned, &body).await
     }
 }
 
@@ -304,10 +305,11 @@ pub async fn root(State(app): State<AppState>, body: Result<Bytes, BytesRejectio
 /// offsets (not truncated).
 #[utoipa::path(post, path = "/tokenize", operation_id = "tei_tokenize", tag = "tei", request_body = TeiTokenizeRequest,
     responses((status = 200, body = Vec<Vec<Token>>), (status = "4XX", body = super::error::TeiErrorResponse), (status = "5XX", body = super::error::TeiErrorResponse)))]
-pub async fn tokenize(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn tokenize(State(app): State<AppState>, pinned: PinnedModel, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let max_inputs = app.service.live().config.server.max_inputs;
     let (request, texts) = parse_tokenize(&read_body(body).map_err(tei)?, max_inputs)?;
-    let request = TokenizeRequest { model: request.model, texts, add_special_tokens: request.add_special_tokens, prompt_name: request.prompt_name };
+    let model = pinned.choose(&app.service, request.model).map_err(tei)?;
+    let request = TokenizeRequest { model, texts, add_special_tokens: request.add_special_tokens, prompt_name: request.prompt_name };
     let (model, tokens) = app.service.tokenize(request).await.map_err(tei)?;
     let summary = super::RequestSummary { model, inputs: tokens.len(), tokens: tokens.iter().map(Vec::len).sum() };
     Ok((axum::Extension(summary), Json(tokens)).into_response())
@@ -316,10 +318,11 @@ pub async fn tokenize(State(app): State<AppState>, body: Result<Bytes, BytesReje
 /// The text of token ids.
 #[utoipa::path(post, path = "/decode", operation_id = "tei_decode", tag = "tei", request_body = TeiDecodeRequest,
     responses((status = 200, body = Vec<String>), (status = "4XX", body = super::error::TeiErrorResponse), (status = "5XX", body = super::error::TeiErrorResponse)))]
-pub async fn decode(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn decode(State(app): State<AppState>, pinned: PinnedModel, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let max_inputs = app.service.live().config.server.max_inputs;
     let (request, ids) = parse_decode(&read_body(body).map_err(tei)?, max_inputs)?;
-    let (model, texts) = app.service.decode(request.model.as_deref(), ids, request.skip_special_tokens).await.map_err(tei)?;
+    let model = pinned.choose(&app.service, request.model).map_err(tei)?;
+    let (model, texts) = app.service.decode(model.as_deref(), ids, request.skip_special_tokens).await.map_err(tei)?;
     let summary = super::RequestSummary { model, inputs: texts.len(), tokens: 0 };
     Ok((axum::Extension(summary), Json(texts)).into_response())
 }
@@ -328,7 +331,8 @@ pub async fn decode(State(app): State<AppState>, body: Result<Bytes, BytesReject
 /// the one model it serves.
 #[utoipa::path(get, path = "/info", operation_id = "tei_info", tag = "tei", params(InfoQuery),
     responses((status = 200, body = Info), (status = "4XX", body = super::error::TeiErrorResponse)))]
-pub async fn info(State(app): State<AppState>, Query(query): Query<InfoQuery>) -> Result<Json<Info>, ApiError> {
+pub async fn info(State(app): State<AppState>, pinned: PinnedModel, Query(mut query): Query<InfoQuery>) -> Result<Json<Info>, ApiError> {
+    query.model = pinned.choose(&app.service, query.model).map_err(tei)?;
     let live = app.service.live();
     let states = app.service.model_states();
     let wanted = match query.model.as_deref() {

@@ -130,7 +130,10 @@ impl Registry {
             .filter_map(|s| s.idle_since().map(|t| (t, s)))
             .min_by_key(|(t, _)| *t);
         match victim {
-            Some((_, slot)) if slot.unload_if_idle("evicted for max_loaded_models") => Ok(()),
+            Some((_, slot)) if slot.unload_if_idle("evicted for max_loaded_models") => {
+                slot.counters.evictions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
             _ => Err(AcquireError::NoRoom(cap)),
         }
     }

@@ -55,7 +55,12 @@ pub struct SlotCounters {
     pub inferences: AtomicU64,
     pub coalesced: AtomicU64,
     pub loads: AtomicU64,
+    /// Milliseconds spent loading, over every load.
+    pub load_ms: AtomicU64,
     pub unloads: AtomicU64,
+    /// Unloads to make room under max_loaded_models (counted in `unloads` too):
+    /// what a balancer that spreads models over replicas causes.
+    pub evictions: AtomicU64,
     /// Requests that ended in an error (a failed load, a timeout, a tokenizer
     /// or engine error).
     pub errors: AtomicU64,
@@ -217,6 +222,7 @@ impl ModelSlot {
                 tracing::info!(model = %self.config.id, engine = %info.engine, device = %info.device,
                     dimensions = model.dimensions, load_ms = model.load_ms, "model loaded");
                 self.counters.loads.fetch_add(1, Ordering::Relaxed);
+                self.counters.load_ms.fetch_add(model.load_ms as u64, Ordering::Relaxed);
                 metrics::histogram!("eeane_model_load_seconds", "model" => self.config.id.clone()).record(model.load_ms as f64 / 1e3);
                 let mut inner = self.inner();
                 inner.state = SlotState::Loaded(model.clone());

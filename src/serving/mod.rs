@@ -6,7 +6,9 @@ mod coalesce;
 mod requests;
 mod status;
 
-pub use requests::{EmbedRequest, Embedded, Fault, Inputs, KeepAlive, LongInputs, Ranked, RequestError, RerankRequest, Token, TokenizeRequest};
+pub use requests::{
+    EmbedRequest, Embedded, Fault, Inputs, KeepAlive, LongInputs, Ranked, RequestError, RerankRequest, Token, TokenizeRequest, INFINITY_NO_MODEL,
+};
 pub use status::{AcceleratedLayers, Counters, Device, EngineCalls, Health, LoadedHealth, ModelHealth};
 
 use crate::sync::RecoverRw;
@@ -219,6 +221,12 @@ impl Service {
     /// Whether a model has this id or alias.
     pub fn has_model(&self, name: &str) -> bool {
         self.live().registry.find(Some(name)).is_some()
+    }
+
+    /// Whether two names (ids or aliases) are the same model's.
+    pub fn same_model(&self, a: &str, b: &str) -> bool {
+        let live = self.live();
+        matches!((live.registry.find(Some(a)), live.registry.find(Some(b))), (Some(x), Some(y)) if Arc::ptr_eq(x, y))
     }
 
     /// The model named, if it is loaded (for `eeane bench`'s engine counters).

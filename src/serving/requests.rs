@@ -16,7 +16,7 @@ use crate::tokenize::TokenizeError;
 use eeane_backend_core::EngineError;
 
 /// What Infinity's own client (infinity-client) sends as `model` when none is set.
-const INFINITY_NO_MODEL: &str = "default/not-specified";
+pub const INFINITY_NO_MODEL: &str = "default/not-specified";
 
 pub struct EmbedRequest {
     /// An id or alias; `None` takes the first embedding model.

@@ -99,7 +99,12 @@ pub struct Counters {
     pub inferences: u64,
     pub coalesced: u64,
     pub loads: u64,
+    /// Seconds spent loading, over every load.
+    pub load_seconds: f64,
     pub unloads: u64,
+    /// Unloads that made room for another model under max_loaded_models:
+    /// a count that climbs under steady traffic means the models thrash.
+    pub evictions: u64,
     pub errors: u64,
 }
 
@@ -195,7 +200,9 @@ impl ModelHealth {
                 inferences: load(&c.inferences),
                 coalesced: load(&c.coalesced),
                 loads: load(&c.loads),
+                load_seconds: load(&c.load_ms) as f64 / 1e3,
                 unloads: load(&c.unloads),
+                evictions: load(&c.evictions),
                 errors: load(&c.errors),
             },
             loaded_model: loaded_model.map(|model| {

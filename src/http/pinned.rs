@@ -1,0 +1,122 @@
+//! `/models/{id}/...`: every model route under a prefix that names the
+//! model. A balancer reads the URL, not the JSON body, so this is what lets
+//! nginx's `hash`, HAProxy's `balance uri` or an ingress's `upstream-hash-by`
+//! send each model's requests to one replica (examples/deploy/). Clients
+//! that take only a base URL (Open WebUI, the OpenAI SDKs, LangChain, the
+//! ollama client) pin a model with `http://lb/models/bge-m3/v1`.
+//!
+//! A Hugging Face id ("BAAI/bge-m3") is two path segments, and is taken as
+//! such (`/models/BAAI/bge-m3/v1`), or as one with its slash written `%2F`.
+
+use std::convert::Infallible;
+
+use axum::extract::{FromRequestParts, RawPathParams};
+use axum::http::request::Parts;
+
+use super::error::ApiError;
+use crate::serving::{Service, INFINITY_NO_MODEL};
+
+/// The route parameters of the prefix: `/models/{pinned_model}` and
+/// `/models/{pinned_model}/{pinned_name}`.
+pub const PREFIXES: [&str; 2] = ["/models/{pinned_model}", "/models/{pinned_model}/{pinned_name}"];
+
+/// The model the URL names, if the route is under `/models/{id}`.
+#[derive(Debug, Clone, Default)]
+pub struct PinnedModel(Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for PinnedModel {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Infallible> {
+        // A route without parameters has none to read: it pins nothing.
+        let Ok(params) = RawPathParams::from_request_parts(parts, state).await else {
+            return Ok(Self(None));
+        };
+        let (mut model, mut name) = (None, None);
+        for (key, value) in &params {
+            match key {
+                "pinned_model" => model = Some(value.to_string()),
+                "pinned_name" => name = Some(value.to_string()),
+                _ => {}
+            }
+        }
+        Ok(Self(match (model, name) {
+            (Some(org), Some(name)) => Some(format!("{org}/{name}")),
+            (model, _) => model,
+        }))
+    }
+}
+
+impl PinnedModel {
+    pub fn name(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+
+    /// The model a request asks for: its body's `model` when the URL names
+    /// none; the URL's when the body names none; either when both name the
+    /// same entry (by id or alias). Two different models are refused, naming
+    /// both, so a client pointed at one model never gets another's vectors.
+    pub fn choose(&self, service: &Service, body: Option<String>) -> Result<Option<String>, ApiError> {
+        let Some(pinned) = &self.0 else { return Ok(body) };
+        match body.filter(|b| !b.is_empty() && b != INFINITY_NO_MODEL) {
+            None => Ok(Some(pinned.clone())),
+            Some(named) if named == *pinned || service.same_model(&named, pinned) => Ok(Some(named)),
+            Some(named) => Err(ApiError::invalid_request(
+                "model_mismatch",
+                format!("the URL names model {pinned:?} and the body {named:?}: leave model out of the body, or post to /models/{named}/..."),
+            )
+            .with_param("model")),
+        }
+    }
+
+    /// Whether a listed model (its id and aliases) is the one the URL names,
+    /// or the URL names none.
+    pub fn admits(&self, id: &str, aliases: &[String]) -> bool {
+        self.0.as_deref().is_none_or(|pinned| pinned == id || aliases.iter().any(|a| a == pinned))
+    }
+}
+
+/// The API path under a `/models/{id}` prefix (`/models/BAAI/bge-m3/embed`
+/// -> `/embed`), for what is chosen by path before a handler runs (the
+/// dialect of a 401, 404 or 405). A path without the prefix is itself.
+pub fn unpinned(path: &str) -> &str {
+    let Some(rest) = path.strip_prefix("/models/") else { return path };
+    let is_api = |tail: &str| {
+        tail.is_empty()
+            || tail == "/"
+            || ["/v1/", "/api/"].iter().any(|p| tail.starts_with(p))
+            || ["/embed", "/rerank", "/tokenize", "/decode", "/info", "/embeddings", "/models"].contains(&tail)
+    };
+    // What follows a path's first segment ("" when it has one).
+    let tail_of = |p: &str| p.find('/').map_or(p.len(), |i| i);
+    // One segment for the id, else two (an organization and a name).
+    let first = &rest[tail_of(rest)..];
+    if is_api(first) {
+        return if first.is_empty() { "/" } else { first };
+    }
+    let second = &first[1..][tail_of(&first[1..])..];
+    match second {
+        "" => "/",
+        tail if is_api(tail) => tail,
+        _ => path,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unpinned;
+
+    #[test]
+    fn the_api_path_is_found_under_one_or_two_segments() {
+        assert_eq!(unpinned("/models/bge-m3/v1/embeddings"), "/v1/embeddings");
+        assert_eq!(unpinned("/models/BAAI/bge-m3/embed"), "/embed");
+        assert_eq!(unpinned("/models/BAAI/bge-m3/api/embed"), "/api/embed");
+        assert_eq!(unpinned("/models/BAAI%2Fbge-m3/info"), "/info");
+        assert_eq!(unpinned("/models/bge-m3/"), "/");
+        assert_eq!(unpinned("/models/bge-m3"), "/");
+        assert_eq!(unpinned("/models/BAAI/bge-m3"), "/");
+        assert_eq!(unpinned("/v1/embeddings"), "/v1/embeddings");
+        assert_eq!(unpinned("/models"), "/models");
+        assert_eq!(unpinned("/models/a/b/c/d"), "/models/a/b/c/d");
+    }
+}
