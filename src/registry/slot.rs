@@ -222,7 +222,7 @@ impl ModelSlot {
                 tracing::info!(model = %self.config.id, engine = %info.engine, device = %info.device,
                     dimensions = model.dimensions, load_ms = model.load_ms, "model loaded");
                 self.counters.loads.fetch_add(1, Ordering::Relaxed);
-                self.counters.load_ms.fetch_add(model.load_ms as u64, Ordering::Relaxed);
+                self.counters.load_ms.fetch_add(model.load_ms, Ordering::Relaxed);
                 metrics::histogram!("eeane_model_load_seconds", "model" => self.config.id.clone()).record(model.load_ms as f64 / 1e3);
                 let mut inner = self.inner();
                 inner.state = SlotState::Loaded(model.clone());
