@@ -135,12 +135,14 @@ fn max_loaded_models_evicts_the_longest_idle_on_demand_model_never_a_resident_on
     assert_eq!([counter(&server, "a", "evictions"), counter(&server, "b", "evictions"), counter(&server, "resident", "evictions")], [2, 1, 0]);
     assert!(server.model_health("b")["counters"]["load_seconds"].as_f64().unwrap() > 0.0);
 
-    // A busy model is never evicted: with b busy, loading a has no room -> 503 + Retry-After.
+    // A busy model is never evicted: with b busy, loading a waits for b to
+    // go idle, then evicts it (the hold's request finished first, whole).
     let hold = hold_engine(&server, "b", 96);
-    let (status, headers, body) = server.post_full("/v1/embeddings", &json!({"input": "x", "model": "a"}), &[]);
-    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("no_room")), "{body}");
-    assert!(headers.contains_key("retry-after"));
+    let evictions = counter(&server, "b", "evictions");
+    let (status, _, body) = server.post_full("/v1/embeddings", &json!({"input": "x", "model": "a"}), &[]);
+    assert_eq!(status, 200, "{body}");
     assert_eq!(hold.join().unwrap(), 200);
+    assert_eq!((state(&server, "b").as_str(), counter(&server, "b", "evictions")), ("unloaded", evictions + 1));
 
     // Disabled: absent from /v1/models and /health, and a 404.
     let (_, models) = server.get("/v1/models");
@@ -148,6 +150,29 @@ fn max_loaded_models_evicts_the_longest_idle_on_demand_model_never_a_resident_on
     assert_eq!(state(&server, "off"), "absent");
     let (status, body) = server.post("/v1/embeddings", &json!({"input": "x", "model": "off"}));
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")));
+}
+
+/// A load that finds no room waits for a busy model to go idle, up to
+/// queue_timeout (then 503 queue_timeout); when every loaded model is
+/// resident no room can come, and it is refused at once (503 no_room).
+#[test]
+fn a_load_without_room_waits_up_to_queue_timeout_or_is_refused_when_none_can_come() {
+    let _shared = CORES.read().unwrap_or_else(|e| e.into_inner());
+    let config = format!("[server]\nmax_loaded_models = 1\nkeep_alive = -1\nqueue_timeout = 1\n{}{}", model_entry("a", INT8, ""), model_entry("b", FP32, ""));
+    let server = Server::start(Some(&config), &[]);
+    server.embed(json!("x"), json!({"model": "b"}));
+    let hold = hold_engine(&server, "b", 256);
+    let (status, headers, body) = server.post_full("/v1/embeddings", &json!({"input": "x", "model": "a"}), &[]);
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("queue_timeout")), "{body}");
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(hold.join().unwrap(), 200);
+    assert_eq!((state(&server, "a").as_str(), state(&server, "b").as_str()), ("unloaded", "loaded"), "the abandoned load evicted nothing");
+
+    let config = format!("[server]\nmax_loaded_models = 1\n{}{}", model_entry("resident", FP32, "load_policy = \"resident\""), model_entry("a", INT8, ""));
+    let server = Server::start(Some(&config), &[]);
+    let (status, headers, body) = server.post_full("/v1/embeddings", &json!({"input": "x", "model": "a"}), &[]);
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("no_room")), "{body}");
+    assert!(headers.contains_key("retry-after"));
 }
 
 #[test]

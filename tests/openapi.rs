@@ -41,15 +41,29 @@ fn the_document_is_openapi_3_and_lists_every_route() {
     let spec = oas3::from_json(&text).unwrap_or_else(|e| panic!("not a valid OpenAPI document: {e}"));
     assert!(spec.openapi.starts_with("3."), "{}", spec.openapi);
     let doc: Value = serde_json::from_str(&text).unwrap();
-    let mut listed: Vec<(String, String)> =
-        doc["paths"].as_object().unwrap().iter().flat_map(|(path, item)| item.as_object().unwrap().keys().map(move |m| (m.clone(), path.clone()))).collect();
+    let mut listed: Vec<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| item.as_object().unwrap().keys().filter(|k| *k != "servers").map(move |m| (m.clone(), path.clone())))
+        .collect();
     listed.sort();
     let mut routes: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
     routes.sort();
     assert_eq!(listed, routes, "the document and the router disagree");
+    // The /models/{model} prefix, said once as a server; the routes that serve no model keep the root only.
+    assert_eq!(doc["servers"][1]["url"], "/models/{model}", "{}", doc["servers"]);
+    for path in ["/health", "/metrics", "/openapi.json", "/admin/reload"] {
+        assert_eq!(doc["paths"][path]["servers"], json!([{"url": "/", "description": "the model the body names, else the default"}]), "{path}");
+    }
+    assert!(doc["paths"]["/v1/embeddings"].get("servers").is_none());
     // Unique operation ids: Swagger UI at /docs finds operations by id.
-    let mut ids: Vec<&str> =
-        doc["paths"].as_object().unwrap().values().flat_map(|item| item.as_object().unwrap().values().map(|op| op["operationId"].as_str().unwrap())).collect();
+    let mut ids: Vec<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|item| item.as_object().unwrap().iter().filter(|(k, _)| *k != "servers").map(|(_, op)| op["operationId"].as_str().unwrap()))
+        .collect();
     ids.sort();
     let before = ids.len();
     ids.dedup();

@@ -7,86 +7,17 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::nginx::Nginx;
 use common::{model_entry, Server};
 use serde_json::{json, Value};
 
-fn nginx_binary() -> PathBuf {
-    ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .expect("nginx is missing: run `bash tests/run.sh` (EEANE_EXTRA_MODELS=nginx bash models/setup.sh)")
-}
-
-struct Nginx {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// nginx with the example's configuration over `replicas` (host:port).
+/// nginx with examples/deploy/nginx.conf over `replicas` (host:port).
 fn nginx(replicas: &[&str]) -> Nginx {
-    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/deploy/nginx.conf")).unwrap();
-    let port = free_port();
-    let mut lines: Vec<String> = Vec::new();
-    let mut upstream_done = false;
-    for line in example.lines() {
-        let trimmed = line.trim_start();
-        if trimmed.starts_with("server 127.0.0.1:") {
-            // The example's two upstream lines become the test's replicas.
-            if !upstream_done {
-                let options = trimmed.split_once(' ').unwrap().1.split_once(' ').map(|(_, o)| o).unwrap_or(";");
-                for r in replicas {
-                    lines.push(format!("        server {r} {options}"));
-                }
-                upstream_done = true;
-            }
-        } else if trimmed.starts_with("listen ") {
-            lines.push(format!("        listen 127.0.0.1:{port};"));
-        } else {
-            lines.push(line.to_string());
-        }
-    }
-    assert!(upstream_done, "examples/deploy/nginx.conf has no upstream server lines");
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("nginx.conf");
-    std::fs::write(&conf, lines.join("\n")).unwrap();
-    let prefix = dir.path().to_str().unwrap();
-    let child = Command::new(nginx_binary())
-        .args(["-p", prefix, "-c", conf.to_str().unwrap(), "-e", &format!("{prefix}/error.log")])
-        .args(["-g", &format!("daemon off; pid {prefix}/nginx.pid;")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start nginx");
-    let url = format!("http://127.0.0.1:{port}");
-    let started = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "nginx did not listen: {}",
-            std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Nginx { child, url, _dir: dir }
+    common::nginx::start("nginx.conf", replicas, &[], &[])
 }
 
 fn address(server: &Server) -> String {

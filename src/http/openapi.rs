@@ -41,7 +41,32 @@ pub fn document() -> Document {
         doc.paths.paths.insert(twin, item);
     }
     require_bearer_key(&mut doc);
+    describe_pinned_prefix(&mut doc);
     doc
+}
+
+/// `/models/{model}` (pinned.rs): every model route also answers under that
+/// prefix, which the document says once, as its second server. The routes
+/// that serve no model (health, metrics, this document, reload) keep only
+/// the root.
+fn describe_pinned_prefix(doc: &mut Document) {
+    use utoipa::openapi::server::{ServerBuilder, ServerVariableBuilder};
+    let root = ServerBuilder::new().url("/").description(Some("the model the body names, else the default")).build();
+    let model = ServerVariableBuilder::new()
+        .default_value("all-minilm-l6-v2")
+        .description(Some("a model's id or alias; a Hugging Face id as ORG/NAME or ORG%2FNAME"))
+        .build();
+    let pinned = ServerBuilder::new()
+        .url("/models/{model}")
+        .description(Some("the model the URL names, for balancers that route by URL; a body's model may be left out, or must be the same"))
+        .parameter("model", model)
+        .build();
+    doc.servers = Some(vec![root.clone(), pinned]);
+    for (path, item) in doc.paths.paths.iter_mut() {
+        if matches!(path.as_str(), "/health" | "/v1/health" | "/metrics" | "/v1/metrics" | "/openapi.json" | "/admin/reload") {
+            item.servers = Some(vec![root.clone()]);
+        }
+    }
 }
 
 /// The API key: a bearer scheme required by every operation but /health

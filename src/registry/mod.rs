@@ -20,10 +20,28 @@ use crate::config::{Config, LoadPolicy};
 pub enum AcquireError {
     #[error("{0}")]
     LoadFailed(Arc<str>),
-    #[error("max_loaded_models ({0}) are loaded and every one is resident or busy")]
+    #[error("max_loaded_models ({0}) are loaded and every one is resident")]
     NoRoom(usize),
     #[error("the request waited longer than queue_timeout for its model to load")]
     Timeout,
+}
+
+/// Signalled when a loaded model's last request finishes or a model unloads:
+/// a load waiting for room under max_loaded_models looks again. One for the
+/// process, as slots outlive the registry that made them (config reloads).
+static ROOM_FREED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Wakes every load waiting for room.
+fn room_freed() {
+    ROOM_FREED.notify_waiters();
+}
+
+/// What a load under max_loaded_models finds.
+enum Room {
+    /// Below the cap, or the longest-idle on-demand model was unloaded.
+    Made,
+    /// Every on-demand model loaded is busy: one will go idle.
+    Busy,
 }
 
 pub struct Registry {
@@ -103,12 +121,26 @@ impl Registry {
         }
         let load = async {
             let _one_load_per_slot = slot.loading.lock().await;
-            if let Some(lease) = slot.try_lease() {
-                return Ok(lease);
+            loop {
+                if let Some(lease) = slot.try_lease() {
+                    return Ok(lease);
+                }
+                // Registered before the gate is taken, so that a model going
+                // idle between the check and the wait is not missed.
+                let freed = ROOM_FREED.notified();
+                tokio::pin!(freed);
+                freed.as_mut().enable();
+                let _gate = self.load_gate.lock().await;
+                match self.make_room(slot)? {
+                    Room::Made => return slot.load(config).await.map_err(AcquireError::LoadFailed),
+                    // Waits for an idle model, until the request's deadline
+                    // (queue_timeout) ends the wait with a 503.
+                    Room::Busy => {
+                        drop(_gate);
+                        freed.await;
+                    }
+                }
             }
-            let _gate = self.load_gate.lock().await;
-            self.make_room(slot)?;
-            slot.load(config).await.map_err(AcquireError::LoadFailed)
         };
         match deadline {
             Some(deadline) => tokio::time::timeout_at(deadline.into(), load).await.map_err(|_| AcquireError::Timeout)?,
@@ -117,24 +149,26 @@ impl Registry {
     }
 
     /// Under the load gate: unloads the longest-idle on-demand model if loading
-    /// one more would pass max_loaded_models.
-    fn make_room(&self, loading: &Arc<ModelSlot>) -> Result<(), AcquireError> {
-        let Some(cap) = self.max_loaded else { return Ok(()) };
+    /// one more would pass max_loaded_models. Busy models are never evicted:
+    /// with every on-demand model busy, the load waits for one to go idle; with
+    /// none loaded (every loaded model resident) it never could, and is refused.
+    fn make_room(&self, loading: &Arc<ModelSlot>) -> Result<Room, AcquireError> {
+        let Some(cap) = self.max_loaded else { return Ok(Room::Made) };
         let loaded: Vec<&Arc<ModelSlot>> = self.slots.iter().filter(|s| s.is_loaded()).collect();
         if loaded.len() < cap {
-            return Ok(());
+            return Ok(Room::Made);
         }
-        let victim = loaded
-            .iter()
-            .filter(|s| !Arc::ptr_eq(s, loading) && s.policy == LoadPolicy::OnDemand)
-            .filter_map(|s| s.idle_since().map(|t| (t, s)))
-            .min_by_key(|(t, _)| *t);
+        let evictable: Vec<&&Arc<ModelSlot>> = loaded.iter().filter(|s| !Arc::ptr_eq(s, loading) && s.policy == LoadPolicy::OnDemand).collect();
+        if evictable.is_empty() {
+            return Err(AcquireError::NoRoom(cap));
+        }
+        let victim = evictable.into_iter().filter_map(|s| s.idle_since().map(|t| (t, s))).min_by_key(|(t, _)| *t);
         match victim {
             Some((_, slot)) if slot.unload_if_idle("evicted for max_loaded_models") => {
                 slot.counters.evictions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Ok(())
+                Ok(Room::Made)
             }
-            _ => Err(AcquireError::NoRoom(cap)),
+            _ => Ok(Room::Busy),
         }
     }
 }

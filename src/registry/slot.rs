@@ -312,6 +312,7 @@ impl ModelSlot {
         self.counters.unloads.fetch_add(1, Ordering::Relaxed);
         tracing::info!(model = %self.config.id, "unloading: {why}");
         drop(model); // the engine thread ends and drops the engine
+        super::room_freed();
         true
     }
 
@@ -328,6 +329,8 @@ impl ModelSlot {
             inner.idle_generation += 1;
             inner.idle_generation
         };
+        // Idle now: evictable by a load waiting for room.
+        super::room_freed();
         if self.policy != LoadPolicy::OnDemand {
             return;
         }
@@ -368,6 +371,8 @@ impl ModelSlot {
         if matches!(model, SlotState::Loaded(_)) {
             self.counters.unloads.fetch_add(1, Ordering::Relaxed);
             tracing::info!(model = %self.config.id, "unloading: retired");
+            drop(model);
+            super::room_freed();
         }
     }
 }

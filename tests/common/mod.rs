@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod hub;
+pub mod nginx;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -50,6 +51,16 @@ impl Server {
     /// As `start`, with the server's open-file limit (soft and hard, as
     /// `ulimit -n N` sets them) at `open_files` when given.
     pub fn start_with(config: Option<&str>, env: &[(&str, &str)], open_files: Option<u64>) -> Server {
+        Self::launch(config, env, open_files, 0)
+    }
+
+    /// As `start`, on a given port (where a test needs addresses that are the
+    /// same every run).
+    pub fn start_on_port(config: Option<&str>, env: &[(&str, &str)], port: u16) -> Server {
+        Self::launch(config, env, None, port)
+    }
+
+    fn launch(config: Option<&str>, env: &[(&str, &str)], open_files: Option<u64>, port: u16) -> Server {
         minilm_dir();
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_eeane"));
@@ -57,7 +68,7 @@ impl Server {
             std::fs::write(dir.path().join("test.toml"), text).unwrap();
             cmd.arg("--config").arg(dir.path().join("test.toml"));
         }
-        cmd.args(["serve", "--port", "0"])
+        cmd.args(["serve", "--port", &port.to_string()])
             .current_dir(dir.path())
             .env("XDG_CONFIG_HOME", dir.path())
             .env_remove("EEANE_CONFIG")
