@@ -44,7 +44,8 @@ fi
 # the examples use (examples/requirements.txt), "test-tools" one with the test
 # tools (tests/requirements.txt: schemathesis, playwright); "chromium" installs
 # Debian's chromium (tests/explorer.rs drives it); "nginx" installs Debian's
-# nginx (the scale-out test); the other names are models/prepare.py targets.
+# nginx (the scale-out test); "wrk" Debian's wrk (tests/gpu/load.sh, the load
+# generator); the other names are models/prepare.py targets.
 # A venv of its own for client or test packages, remade when its requirements change.
 side_venv() {
   local dir=$1 requirements=$2 stamp
@@ -73,6 +74,11 @@ for target in ${EEANE_EXTRA_MODELS:-}; do
     if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
       echo "setup: installing Debian's nginx" >&2
       apt_install nginx-light || apt_install nginx
+    fi
+  elif [ "$target" = wrk ]; then
+    if ! command -v wrk >/dev/null; then
+      echo "setup: installing Debian's wrk (the load generator)" >&2
+      apt_install wrk
     fi
   elif [ "$target" = ncnn ]; then
     if [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || ! ldconfig -p | grep -q 'libvulkan.so.1 '; then

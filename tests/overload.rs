@@ -120,3 +120,37 @@ fn ten_times_capacity_gets_only_200_429_503_and_recovers_at_once() {
     // Bounded: admission keeps at most 16 requests of 8 texts in the server.
     assert!(rss_max < rss_before + 256 * 1024, "RSS grew from {rss_before} KiB to {rss_max} KiB");
 }
+
+/// SIGTERM while 1,024 connections send one text a request, as the model
+/// loads on first use and past max_pending_requests: the server drains and
+/// exits 0, five times with the engine on the server's threads and five in
+/// engine processes. The load comes from wrk (tests/gpu/load.lua), which a
+/// Rust client on these cores could not match.
+#[test]
+fn sigterm_under_overload_while_loading_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let bodies = dir.path().join("one.jsonl");
+    let lines: Vec<String> = (0..4000).map(|i| json!({"model": "m", "input": [format!("text {i}: fn stop(server: &Server)")]}).to_string()).collect();
+    std::fs::write(&bodies, lines.join("\n") + "\n").unwrap();
+    for isolation in ["thread", "process"] {
+        for attempt in 1..=5 {
+            let entry = model_entry("m", "all-minilm-l6-v2", &format!("isolation = \"{isolation}\"\ndevice = [\"cpu\", \"cpu\"]\nthreads = 1"));
+            let mut server = Server::start(Some(&format!("[server]\nmax_pending_requests = 200\n{entry}")), &[]);
+            let mut wrk = std::process::Command::new("wrk")
+                .args(["-t2", "-c1024", "-d30s", "--timeout", "30s", "-s", concat!(env!("CARGO_MANIFEST_DIR"), "/tests/gpu/load.lua"), &server.url, "--"])
+                .arg(&bodies)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("wrk is missing: run `bash tests/run.sh` (EEANE_EXTRA_MODELS=wrk bash models/setup.sh)");
+            std::thread::sleep(Duration::from_millis(300 * attempt));
+            server.signal("TERM");
+            let exit = server.wait_exit(Duration::from_secs(90));
+            let _ = wrk.kill();
+            let _ = wrk.wait();
+            let exit = exit.unwrap_or_else(|| panic!("{isolation}, attempt {attempt}: still running 90 s after SIGTERM"));
+            assert!(exit.success(), "{isolation}, attempt {attempt}: {exit:?}\n{}", server.stderr().lines().rev().take(20).collect::<Vec<_>>().join("\n"));
+        }
+        println!("{isolation}: SIGTERM under overload, 5 of 5 exits with status 0");
+    }
+}

@@ -21,9 +21,9 @@ if command -v rustup >/dev/null && [ "$(rustup run "$pinned" rustc --print sysro
   target_toolchain=stable
 fi
 # The Python venv, ONNX Runtime, the default model, and cmake for the build;
-# the examples' client packages (their own venv), nginx (scale-out test) and
-# chromium (the /docs explorer test).
-EEANE_EXTRA_MODELS="examples test-tools nginx chromium all-minilm-l6-v2-cuda" bash models/setup.sh
+# the examples' client packages (their own venv), nginx (scale-out test),
+# wrk (the load generator's test) and chromium (the /docs explorer test).
+EEANE_EXTRA_MODELS="examples test-tools nginx wrk chromium all-minilm-l6-v2-cuda" bash models/setup.sh
 # Build the tests (and with them the eeane binary they run), then pull the test
 # models with it: downloads checked by hash, runtimes installed (OpenVINO from
 # its wheel, ncnn built from its sdist, lavapipe), conversions checked.

@@ -1,0 +1,42 @@
+//! tests/gpu/load.sh, the project's load generator (wrk with a body per
+//! request), run briefly against a started server on the CPU: it waits for
+//! the model, measures bulk and one text a request, and reports every run;
+//! each request carried its own body (nothing coalesced). Its figures are
+//! for docs/performance.md, never asserted here.
+
+mod common;
+
+use std::process::Command;
+
+use common::{model_entry, Server};
+use serde_json::Value;
+
+#[test]
+fn the_load_generator_measures_bulk_and_one_text_a_request() {
+    let server = Server::start(Some(&model_entry("all-minilm-l6-v2", "all-minilm-l6-v2", "")), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let texts: Vec<String> = (0..400).map(|i| format!("text {i}: {}", common::fixture_texts()[i % common::fixture_texts().len()])).collect();
+    std::fs::write(dir.path().join("texts.json"), serde_json::to_string(&texts).unwrap()).unwrap();
+    let out = dir.path().join("load.json");
+    let run = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/gpu/load.sh"))
+        .arg(&server.url)
+        .arg("all-minilm-l6-v2")
+        .arg(dir.path().join("texts.json"))
+        .arg(&out)
+        .envs([("LOAD_SECONDS", "2"), ("LOAD_BULK", "8"), ("LOAD_BULK_CONNECTIONS", "2"), ("LOAD_IN_FLIGHT", "4 16"), ("LOAD_THREADS", "2")])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    println!("{stdout}");
+    let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let shape: Vec<(&str, u64)> = rows.iter().map(|r| (r["mode"].as_str().unwrap(), r["connections"].as_u64().unwrap())).collect();
+    assert_eq!(shape, [("bulk", 2), ("one", 4), ("one", 16)]);
+    for row in &rows {
+        assert!(row["texts_per_s"].as_f64().unwrap() > 0.0 && row["p50_ms"].as_f64() <= row["p99_ms"].as_f64(), "{row}");
+        assert_eq!((row["not_2xx"].as_u64(), row["socket_errors"].as_u64()), (Some(0), Some(0)), "{row}");
+    }
+    let counters = &server.model_health("all-minilm-l6-v2")["counters"];
+    assert_eq!(counters["coalesced"], 0, "two requests in flight carried the same body: {counters}");
+}
