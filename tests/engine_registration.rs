@@ -123,6 +123,32 @@ mod with_test_engine {
         assert!(health["engine_pids"][0].as_u64().is_some(), "{health}");
     }
 
+    /// A load under way shows in /health and /v1/models as "loading" until
+    /// the model serves (the test engine's load takes 2 s).
+    #[test]
+    fn a_model_shows_as_loading_until_it_serves() {
+        let server = Server::start(Some(&entry("load_seconds = 2")), &[]);
+        assert_eq!(server.model_health("hashed")["state"], "unloaded");
+        let first = {
+            let url = server.url.clone();
+            std::thread::spawn(move || {
+                reqwest::blocking::Client::new()
+                    .post(format!("{url}/v1/embeddings"))
+                    .json(&json!({"input": "x", "model": "hashed"}))
+                    .send()
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        };
+        let health = server.wait_for_health("the load to start", std::time::Duration::from_secs(10), |h| h["models"][0]["state"] != "unloaded");
+        assert_eq!((health["models"][0]["state"].as_str(), health["models"][0]["loaded"].as_bool()), (Some("loading"), Some(false)), "{health}");
+        let (_, models) = server.get("/v1/models");
+        assert_eq!(models["data"][0]["state"], "loading", "{models}");
+        assert_eq!(first.join().unwrap(), 200);
+        assert_eq!(server.model_health("hashed")["state"], "loaded");
+    }
+
     fn check_config(config: &str) -> (bool, String, String) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("eeane.toml");

@@ -328,7 +328,7 @@ pub struct ModelObject {
     pub load_policy: String,
     /// The vector's length, once the model is loaded.
     pub dimensions: Option<usize>,
-    /// "unloaded", "loaded" or "failed".
+    /// "unloaded", "loading", "loaded" or "failed".
     pub state: &'static str,
     pub loaded: bool,
 }

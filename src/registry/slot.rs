@@ -73,6 +73,8 @@ struct Inner {
     /// The running survey's task, stopped when the slot is retired.
     survey_task: Option<tokio::task::AbortHandle>,
     busy: usize,
+    /// A load is under way (its requests wait for it).
+    loading: bool,
     /// When `busy` last fell to 0 (or the model loaded).
     idle_since: Instant,
     /// Bumped whenever the model goes idle, so a stale keep-alive timer does nothing.
@@ -118,7 +120,7 @@ pub struct SurveyStatus {
 /// A snapshot for /health and /v1/models.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SlotStatus {
-    /// unloaded, loaded or failed.
+    /// unloaded, loading (until it serves), loaded or failed.
     pub state: &'static str,
     pub loaded: bool,
     /// Requests holding the model now.
@@ -139,6 +141,7 @@ impl ModelSlot {
             counters: SlotCounters::default(),
             inner: Mutex::new(Inner {
                 state: SlotState::Unloaded,
+                loading: false,
                 survey: None,
                 survey_task: None,
                 busy: 0,
@@ -170,7 +173,7 @@ impl ModelSlot {
     pub fn status(&self) -> SlotStatus {
         let inner = self.inner();
         SlotStatus {
-            state: inner.state.name(),
+            state: if inner.loading && !matches!(inner.state, SlotState::Loaded(_)) { "loading" } else { inner.state.name() },
             loaded: matches!(inner.state, SlotState::Loaded(_)),
             in_flight: inner.busy,
             last_used: inner.last_used.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map(|d| d.as_secs()),
@@ -212,6 +215,15 @@ impl ModelSlot {
     /// Loads the model and returns the first lease on it.
     pub(super) async fn load(self: &Arc<Self>, config: &Config) -> Result<ModelLease, Arc<str>> {
         tracing::info!(model = %self.config.id, engine = %self.config.engine, "loading");
+        /// Clears `loading` however the load ends, a request that gave up included.
+        struct Loading<'a>(&'a ModelSlot);
+        impl Drop for Loading<'_> {
+            fn drop(&mut self) {
+                self.0.inner().loading = false;
+            }
+        }
+        self.inner().loading = true;
+        let _loading = Loading(self);
         match crate::variants::load(&self.config, config).await {
             Ok(crate::variants::Loaded { model, survey }) => {
                 if let Some(survey) = survey {

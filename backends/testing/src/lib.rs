@@ -25,6 +25,9 @@ pub struct TestingOptions {
     /// Width of the token states.
     #[serde(default = "default_dimensions")]
     pub dimensions: usize,
+    /// Seconds the load takes, so that a test can watch a load under way.
+    #[serde(default)]
+    pub load_seconds: f64,
 }
 
 fn default_dimensions() -> usize {
@@ -33,7 +36,7 @@ fn default_dimensions() -> usize {
 
 impl Default for TestingOptions {
     fn default() -> Self {
-        Self { dimensions: default_dimensions() }
+        Self { dimensions: default_dimensions(), load_seconds: 0.0 }
     }
 }
 
@@ -67,13 +70,15 @@ impl Backend for Testing {
             accelerated_layers: None,
             runtime_version: None,
         };
+        std::thread::sleep(std::time::Duration::from_secs_f64(options.load_seconds));
         Ok(Box::new(TestingEngine { info, dimensions: options.dimensions }))
     }
 
     fn options(&self, entry: &serde_json::Map<String, serde_json::Value>, _paths: PathResolver) -> Result<Options, InvalidOptions> {
-        Options::check(entry, |options: &mut TestingOptions| match options.dimensions {
-            1..=4096 => Ok(()),
-            n => Err(InvalidOptions(format!("dimensions = {n}: use 1 to 4096"))),
+        Options::check(entry, |options: &mut TestingOptions| match (options.dimensions, options.load_seconds) {
+            (1..=4096, 0.0..=60.0) => Ok(()),
+            (1..=4096, s) => Err(InvalidOptions(format!("load_seconds = {s}: use 0 to 60"))),
+            (n, _) => Err(InvalidOptions(format!("dimensions = {n}: use 1 to 4096"))),
         })
     }
 }
