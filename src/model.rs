@@ -193,7 +193,12 @@ impl LoadedModel {
         // A reranker's output is a score: never normalized.
         let normalize = config.normalize && config.kind == crate::config::ModelKind::Embedding;
         let pipeline = Pipeline { pooling: config.pooling, normalize, policy, pad_id: tokenizer.pad_id() };
-        let worker = EngineWorker::start(&config.id, launch, config.device.clone(), spec, pipeline).await?;
+        // A pattern (`cuda:H200*`) becomes one pin per matching card, each a session fed from this model's queue.
+        let devices = {
+            let (devices, forbidden) = (config.device.clone(), server.server.forbidden_devices.clone());
+            blocking(&config.id, "device list", move || engine.expand_devices(&devices, &forbidden)).await??
+        };
+        let worker = EngineWorker::start(&config.id, launch, devices, spec, pipeline).await?;
         let tokenizer = Arc::new(tokenizer);
         let warm = match config.kind {
             crate::config::ModelKind::Embedding => vec![tokenizer.encode_truncated("eeane")?],

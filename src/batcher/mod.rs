@@ -88,6 +88,8 @@ pub struct WorkerStats {
     pub waiting_sequences: AtomicU64,
     /// Batches per device, in the order the devices loaded.
     pub device_batches: std::sync::Mutex<Vec<u64>>,
+    /// Sequences per device, in the same order: an uneven split shows here.
+    pub device_rows: std::sync::Mutex<Vec<u64>>,
     /// Each device's engine process (isolation = "process"), by device.
     pub engine_pids: std::sync::Mutex<Vec<Option<u32>>>,
     /// Engine processes started again after they died.
@@ -334,6 +336,7 @@ impl EngineWorker {
                     info.device = format!("{} (missing: {})", info.device, skipped.join(", "));
                 }
                 *thread_stats.device_batches.locked() = vec![0; devices.len()];
+                *thread_stats.device_rows.locked() = vec![0; devices.len()];
                 let _ = ready_tx.send(Ok(info.clone()));
                 dispatch(&info, devices, pipeline, inbox, &thread_stats);
             })
@@ -464,6 +467,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
             }
             let batch = token_batch(&pipeline, &active, &planned, stats);
             stats.device_batches.locked()[device] += 1;
+            stats.device_rows.locked()[device] += planned.items.len() as u64;
             if devices[device].work.send(Work { batch, items: planned.items.clone() }).is_err() {
                 deliver(&mut active, &mut pool, planned.items, Err(EngineError::Runtime("the engine thread has stopped".into())));
                 continue;
@@ -636,6 +640,7 @@ mod tests {
         let per_device = worker.stats.device_batches.locked().clone();
         assert_eq!(per_device.iter().sum::<u64>(), 20);
         assert!(per_device.iter().all(|&n| n > 0), "both devices should run batches: {per_device:?}");
+        assert_eq!(worker.stats.device_rows.locked().iter().sum::<u64>(), 40, "every sequence counted on the device that ran it");
     }
 
     #[tokio::test]

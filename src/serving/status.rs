@@ -51,11 +51,17 @@ pub struct Device {
     pub name: String,
     /// discrete, integrated, virtual, cpu or other.
     pub kind: String,
+    /// What pins this card among identical ones (`cuda:GPU-8a1f...`), where the runtime gives it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Its PCI bus id (`cuda:00000000:41:00.0` pins it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bus_id: Option<String>,
 }
 
 impl From<eeane_backend_core::Device> for Device {
     fn from(d: eeane_backend_core::Device) -> Self {
-        Device { name: d.name, kind: d.kind }
+        Device { name: d.name, kind: d.kind, uuid: d.uuid, bus_id: d.bus_id }
     }
 }
 
@@ -156,6 +162,8 @@ pub struct EngineCalls {
     pub real_tokens: u64,
     /// Batches per device, in the order the devices loaded.
     pub per_device: Vec<u64>,
+    /// Sequences per device, in the same order.
+    pub rows_per_device: Vec<u64>,
     /// Sequences waiting for an engine now (the model's queue depth).
     pub queued_sequences: u64,
 }
@@ -221,6 +229,7 @@ impl ModelHealth {
                         padded_tokens: load(&stats.padded_tokens),
                         real_tokens: load(&stats.real_tokens),
                         per_device: stats.device_batches.locked().clone(),
+                        rows_per_device: stats.device_rows.locked().clone(),
                         queued_sequences: load(&stats.waiting_sequences),
                     },
                     variant: model.variant.clone(),

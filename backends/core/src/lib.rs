@@ -8,8 +8,10 @@
 
 pub mod compile_cache;
 pub mod devices;
+pub mod pick;
 
 pub use devices::{DeviceName, Devices, InvalidDevice};
+pub use pick::{every_device, lasting_pin, pick_device, refuse_index, ListedDevice, EVERY};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -236,6 +238,11 @@ pub struct Device {
     pub name: String,
     /// "discrete", "integrated", "virtual", "cpu" or "other".
     pub kind: String,
+    /// The ids that tell identical cards apart, where the runtime gives them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bus_id: Option<String>,
 }
 
 /// How a runtime finds its devices: the API's name (e.g. "vulkan") and the list.
@@ -245,45 +252,12 @@ pub struct VisibleDevices {
     pub devices: Vec<Device>,
 }
 
-/// Picks the one device whose name contains `wanted` (case-insensitive) from
-/// what a runtime sees, for devices pinned by name (`vulkan:H200`,
-/// `cuda:H200`): never by index, since indices move when cards are added and
-/// the desktop's card must not be taken by accident. An index, an ambiguous or
-/// absent name, or a name on the server's `forbidden` list is refused, the
-/// error listing what is visible. `api` names the device kind in messages.
+/// Picks the one device whose name contains `wanted` (case-insensitive),
+/// for runtimes that list names only (see `pick_device` for the rules and
+/// the ids that tell identical cards apart).
 pub fn pick_device_by_name(api: &str, wanted: &str, visible: &[String], forbidden: &[String]) -> Result<usize, EngineError> {
-    let wanted = wanted.trim();
-    refuse_index(api, wanted)?;
-    let lower = wanted.to_lowercase();
-    let hits: Vec<usize> = (0..visible.len()).filter(|&i| visible[i].to_lowercase().contains(&lower)).collect();
-    match hits[..] {
-        [index] => {
-            let name = &visible[index];
-            if forbidden.iter().any(|f| !f.is_empty() && name.to_lowercase().contains(&f.to_lowercase())) {
-                return Err(EngineError::Device(format!("{api} device {name:?} is on the server's forbidden list")));
-            }
-            Ok(index)
-        }
-        [] => Err(EngineError::Device(format!("no {api} device matches {wanted:?}; visible: {}", listing(visible)))),
-        _ => Err(EngineError::Device(format!("{wanted:?} matches several {api} devices; name one of: {}", listing(visible)))),
-    }
-}
-
-/// An empty name or an index in place of a device name is refused, before
-/// anything is asked of the driver.
-pub fn refuse_index(api: &str, wanted: &str) -> Result<(), EngineError> {
-    if wanted.trim().is_empty() || wanted.trim().parse::<i64>().is_ok() {
-        return Err(EngineError::Device(format!("pin a {api} device by its name, not by an index ({wanted:?})")));
-    }
-    Ok(())
-}
-
-fn listing(visible: &[String]) -> String {
-    if visible.is_empty() {
-        "none".into()
-    } else {
-        visible.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
-    }
+    let listed: Vec<ListedDevice> = visible.iter().map(ListedDevice::named).collect();
+    pick_device(api, wanted, &listed, forbidden)
 }
 
 /// A build of an engine's runtime for some devices.
@@ -436,6 +410,15 @@ pub trait Backend: Sync {
     /// the first whose prefix one of them starts with.
     fn device_runtime(&self, devices: &Devices) -> Option<&'static DeviceRuntime> {
         self.device_runtimes().iter().find(|r| devices.any_starts_with(r.device_prefix))
+    }
+
+    /// The devices a model on `devices` runs on, each a pin of one device: a
+    /// pattern (`cuda:H200*`) becomes one pin per matching device, by a bus
+    /// id that names it for good; every other device is kept as written.
+    /// Engines that list no ids keep the list as it is.
+    fn expand_devices(&self, devices: &Devices, forbidden: &[String]) -> Result<Devices, EngineError> {
+        let _ = forbidden;
+        Ok(devices.clone())
     }
 
     /// What this machine lacks for a model on `devices` (a driver, a device

@@ -205,7 +205,7 @@ impl Backend for Ncnn {
     }
 
     fn visible_devices(&self) -> Option<VisibleDevices> {
-        let devices = DEVICES.get()?.iter().map(|(name, kind)| Device { name: name.clone(), kind: kind.to_string() }).collect();
+        let devices = DEVICES.get()?.iter().map(|(name, kind)| Device { name: name.clone(), kind: kind.to_string(), uuid: None, bus_id: None }).collect();
         Some(VisibleDevices { api: "vulkan", devices })
     }
 

@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use eeane_backend_core::{DeviceName, Devices, EngineError};
+use eeane_backend_core::{every_device, lasting_pin, DeviceName, Devices, EngineError, ListedDevice, EVERY};
 
 /// The `[runtimes]` key of the CUDA build, and where `INSTALL` puts it.
 pub const RUNTIME_KEY: &str = "onnxruntime-cuda";
@@ -49,6 +49,8 @@ pub fn is_cuda(device: &DeviceName) -> bool {
 #[derive(Debug, Clone)]
 pub struct Gpu {
     pub name: String,
+    /// NVML's "GPU-8a1f...": names the card for good.
+    pub uuid: String,
     /// "00000000:18:00.0": what ties NVML's GPU to CUDA's device ordinal.
     pub pci_bus_id: String,
     pub memory_total: u64,
@@ -83,10 +85,12 @@ struct Nvml {
     name: unsafe extern "C" fn(*mut c_void, *mut c_char, c_uint) -> NvmlReturn,
     pci: unsafe extern "C" fn(*mut c_void, *mut NvmlPciInfo) -> NvmlReturn,
     memory: unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> NvmlReturn,
+    uuid: unsafe extern "C" fn(*mut c_void, *mut c_char, c_uint) -> NvmlReturn,
 }
 
+static NVML: OnceLock<Result<Nvml, EngineError>> = OnceLock::new();
+
 fn nvml() -> Result<&'static Nvml, EngineError> {
-    static NVML: OnceLock<Result<Nvml, EngineError>> = OnceLock::new();
     NVML.get_or_init(open_nvml).as_ref().map_err(Clone::clone)
 }
 
@@ -120,9 +124,16 @@ fn open_nvml() -> Result<Nvml, EngineError> {
             name: function(&library, b"nvmlDeviceGetName\0")?,
             pci: function(&library, b"nvmlDeviceGetPciInfo_v3\0")?,
             memory: function(&library, b"nvmlDeviceGetMemoryInfo\0")?,
+            uuid: function(&library, b"nvmlDeviceGetUUID\0")?,
             _library: library,
         })
     }
+}
+
+/// The GPUs NVML lists, if this process opened NVML already (a CUDA model
+/// was checked or loaded here); never opens it.
+pub fn gpus_if_open() -> Option<Vec<Gpu>> {
+    NVML.get().is_some_and(Result::is_ok).then(gpus).and_then(Result::ok).filter(|g| !g.is_empty())
 }
 
 /// The GPUs NVML lists, in its order.
@@ -147,8 +158,12 @@ pub fn gpus() -> Result<Vec<Gpu>, EngineError> {
             (nvml.pci)(handle, &mut pci);
             let mut memory = NvmlMemory { total: 0, free: 0, used: 0 };
             (nvml.memory)(handle, &mut memory);
+            // NVML_DEVICE_UUID_V2_BUFFER_SIZE is 96.
+            let mut uuid = [0 as c_char; 96];
+            (nvml.uuid)(handle, uuid.as_mut_ptr(), uuid.len() as c_uint);
             gpus.push(Gpu {
                 name: CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned(),
+                uuid: CStr::from_ptr(uuid.as_ptr()).to_string_lossy().into_owned(),
                 pci_bus_id: CStr::from_ptr(pci.bus_id.as_ptr()).to_string_lossy().into_owned(),
                 memory_total: memory.total,
                 memory_used: memory.used,
@@ -158,14 +173,53 @@ pub fn gpus() -> Result<Vec<Gpu>, EngineError> {
     }
 }
 
-/// The GPU that `cuda:<name>` pins, by a unique substring of its name.
+/// The GPUs as the device pins read them: name, UUID, PCI bus id.
+fn listed(gpus: &[Gpu]) -> Vec<ListedDevice> {
+    gpus.iter().map(|g| ListedDevice { name: g.name.clone(), uuid: Some(g.uuid.clone()), bus_id: Some(g.pci_bus_id.clone()) }).collect()
+}
+
+/// What follows `cuda:` in a device.
+fn pin_of(device: &DeviceName) -> Result<&str, EngineError> {
+    device
+        .as_str()
+        .strip_prefix(PREFIX)
+        .ok_or_else(|| EngineError::Device(format!("device {device:?}: use \"cpu\" or \"cuda:<GPU name, UUID or PCI bus id>\"")))
+}
+
+/// The GPU that `cuda:<pin>` names: a unique part of its name, its UUID (or
+/// a unique prefix) or its PCI bus id.
 pub fn pick(device: &DeviceName, forbidden: &[String]) -> Result<Gpu, EngineError> {
-    let wanted = device.as_str().strip_prefix(PREFIX).ok_or_else(|| EngineError::Device(format!("device {device:?}: use \"cpu\" or \"cuda:<GPU name>\"")))?;
+    let wanted = pin_of(device)?;
     eeane_backend_core::refuse_index("CUDA", wanted)?;
     let gpus = gpus()?;
-    let names: Vec<String> = gpus.iter().map(|g| g.name.clone()).collect();
-    let index = eeane_backend_core::pick_device_by_name("CUDA", wanted, &names, forbidden)?;
+    let index = eeane_backend_core::pick_device("CUDA", wanted, &listed(&gpus), forbidden)?;
     Ok(gpus[index].clone())
+}
+
+/// `devices` with each `cuda:<name>*` replaced by one `cuda:<PCI bus id>` per
+/// GPU whose name holds `<name>` (those on `forbidden` left out), in NVML's
+/// order: one session per card, each pinned for good.
+pub fn expand(devices: &Devices, forbidden: &[String]) -> Result<Devices, EngineError> {
+    if !devices.iter().any(|d| is_cuda(d) && d.as_str().ends_with(EVERY)) {
+        return Ok(devices.clone());
+    }
+    expand_among(devices, &listed(&gpus()?), forbidden)
+}
+
+/// `expand` over the GPUs `visible` lists.
+fn expand_among(devices: &Devices, visible: &[ListedDevice], forbidden: &[String]) -> Result<Devices, EngineError> {
+    let mut names = Vec::new();
+    for device in devices {
+        match pin_of(device) {
+            Ok(pattern) if pattern.ends_with(EVERY) => {
+                for index in every_device("CUDA", pattern, visible, forbidden)? {
+                    names.push(format!("{PREFIX}{}", lasting_pin(&visible[index])));
+                }
+            }
+            _ => names.push(device.to_string()),
+        }
+    }
+    Devices::new(names).map_err(|e| EngineError::Device(e.to_string()))
 }
 
 /// The directories searched for the CUDA and cuDNN libraries: the nvidia-*
@@ -216,7 +270,17 @@ pub fn problem(devices: &Devices, runtime: Option<&Path>, forbidden: &[String]) 
     if !driver {
         missing.push("the NVIDIA driver (libcuda.so.1 is not on the loader path)".to_string());
     }
-    for device in devices {
+    let pinned = match expand(devices, forbidden) {
+        Ok(pinned) => pinned,
+        Err(e) => {
+            missing.push(match e {
+                EngineError::Device(m) => m,
+                other => other.to_string(),
+            });
+            devices.clone()
+        }
+    };
+    for device in pinned.iter().filter(|d| !d.as_str().ends_with(EVERY)) {
         if let Err(e) = pick(device, forbidden) {
             let text = match e {
                 EngineError::Device(m) => m,
@@ -329,5 +393,36 @@ pub fn block_while_waiting(device: i32) {
             Ok(code) => tracing::warn!(device, code, "CUDA would not set blocking waits on this GPU; waiting threads spin"),
             Err(e) => tracing::warn!(device, "CUDA has no cuDevicePrimaryCtxSetFlags ({e}); waiting threads spin"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Four H200s and an A2000, as NVML lists them.
+    fn host() -> Vec<ListedDevice> {
+        let card = |name: &str, uuid: &str, bus: &str| ListedDevice { name: name.into(), uuid: Some(uuid.into()), bus_id: Some(bus.into()) };
+        vec![
+            card("NVIDIA H200", "GPU-1111", "00000000:18:00.0"),
+            card("NVIDIA H200", "GPU-2222", "00000000:2A:00.0"),
+            card("NVIDIA H200", "GPU-3333", "00000000:3A:00.0"),
+            card("NVIDIA H200", "GPU-4444", "00000000:5D:00.0"),
+            card("NVIDIA RTX A2000", "GPU-5555", "00000000:AB:00.0"),
+        ]
+    }
+
+    #[test]
+    fn a_pattern_becomes_one_bus_id_pin_per_card_and_a_list_repeats_them() {
+        let names = |devices: &Devices| devices.iter().map(|d| d.to_string()).collect::<Vec<_>>();
+        let every = expand_among(&Devices::new(["cuda:H200*"]).unwrap(), &host(), &[]).unwrap();
+        assert_eq!(names(&every), ["cuda:00000000:18:00.0", "cuda:00000000:2A:00.0", "cuda:00000000:3A:00.0", "cuda:00000000:5D:00.0"]);
+        // Two sessions a card: the pattern twice; forbidden cards left out; other devices kept.
+        let forbidden = vec!["GPU-2222".to_string()];
+        let twice = expand_among(&Devices::new(["cuda:H200*", "cuda:H200*", "cpu"]).unwrap(), &host(), &forbidden).unwrap();
+        assert_eq!(twice.iter().filter(|d| d.as_str() == "cuda:00000000:18:00.0").count(), 2);
+        assert_eq!((twice.iter().count(), twice.iter().any(|d| d.as_str().contains("2A:00.0"))), (7, false));
+        let none = expand_among(&Devices::new(["cuda:V100*"]).unwrap(), &host(), &[]).unwrap_err().to_string();
+        assert!(none.contains("no CUDA devices match") && none.contains("GPU-5555"), "{none}");
     }
 }

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use eeane_backend_core::{
-    Backend, CpuFeatures, DeviceMemory, DeviceRuntime, Devices, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, HubPreparation,
-    InputShapes, InvalidOptions, Options, PathResolver, PrecisionOffer, TokenBatch,
+    Backend, CpuFeatures, Device, DeviceMemory, DeviceRuntime, Devices, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, GraphKind, HubPreparation,
+    InputShapes, InvalidOptions, Options, PathResolver, PrecisionOffer, TokenBatch, VisibleDevices,
 };
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
@@ -115,13 +115,27 @@ impl Backend for OnnxRuntime {
         &[DeviceRuntime { key: cuda::RUNTIME_KEY, default: cuda::DEFAULT_RUNTIME, device_prefix: cuda::PREFIX }]
     }
 
+    /// The GPUs NVML lists, once a CUDA model opened it, with the UUID and bus id that pin each.
+    fn visible_devices(&self) -> Option<VisibleDevices> {
+        let gpus = cuda::gpus_if_open()?;
+        let devices = gpus.into_iter().map(|g| Device { name: g.name, kind: "discrete".into(), uuid: Some(g.uuid), bus_id: Some(g.pci_bus_id) }).collect();
+        Some(VisibleDevices { api: "cuda", devices })
+    }
+
+    fn expand_devices(&self, devices: &Devices, forbidden: &[String]) -> Result<Devices, EngineError> {
+        cuda::expand(devices, forbidden)
+    }
+
     fn device_problem(&self, devices: &Devices, library: Option<&Path>, forbidden: &[String]) -> Option<String> {
         devices.any_starts_with(cuda::PREFIX).then(|| cuda::problem(devices, library, forbidden)).flatten()
     }
 
     fn device_memory(&self, devices: &Devices) -> Option<DeviceMemory> {
-        let first = devices.first();
-        let gpu = cuda::is_cuda(first).then(|| cuda::pick(first, &[]).ok()).flatten()?;
+        if !cuda::is_cuda(devices.first()) {
+            return None;
+        }
+        let pinned = cuda::expand(devices, &[]).ok()?;
+        let gpu = cuda::pick(pinned.first(), &[]).ok()?;
         Some(DeviceMemory { name: gpu.name, used_mib: gpu.memory_used >> 20, total_mib: gpu.memory_total >> 20 })
     }
 
