@@ -19,8 +19,11 @@ build_shim() {
   libdir=$(dirname "$(find "$prefix" -name 'libncnn.so' | head -1)")
   stamp=$(sha256sum "$shim" | cut -d' ' -f1)
   if [ "$(cat "$prefix/.shim.sha256" 2>/dev/null)" != "$stamp" ]; then
+    # Built beside it and renamed over it: a server still running the old
+    # one keeps its file, never a half-written one.
     g++ -O2 -std=c++17 -shared -fPIC -I"$prefix/include" "$shim" -L"$libdir" -lncnn \
-      -Wl,-rpath,"$libdir" -o "$libdir/libeeane_ncnn.so"
+      -Wl,-rpath,"$libdir" -o "$libdir/libeeane_ncnn.so.tmp"
+    mv -f "$libdir/libeeane_ncnn.so.tmp" "$libdir/libeeane_ncnn.so"
     echo "$stamp" > "$prefix/.shim.sha256"
   fi
   ln -sfn "$version" "$cache/runtimes/ncnn/current"

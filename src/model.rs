@@ -195,8 +195,8 @@ impl LoadedModel {
         let pipeline = Pipeline { pooling: config.pooling, normalize, policy, pad_id: tokenizer.pad_id() };
         // A pattern (`cuda:H200*`) becomes one pin per matching card, each a session fed from this model's queue.
         let devices = {
-            let (devices, forbidden) = (config.device.clone(), server.server.forbidden_devices.clone());
-            blocking(&config.id, "device list", move || engine.expand_devices(&devices, &forbidden)).await??
+            let (devices, forbidden, library) = (config.device.clone(), server.server.forbidden_devices.clone(), spec.runtime_library.clone());
+            blocking(&config.id, "device list", move || engine.expand_devices(&devices, library.as_deref(), &forbidden)).await??
         };
         let worker = EngineWorker::start(&config.id, launch, devices, spec, pipeline).await?;
         let tokenizer = Arc::new(tokenizer);

@@ -95,3 +95,34 @@ fn a_forbidden_device_is_refused_whatever_the_model_says() {
     let (status, _) = server.post("/v1/embeddings", &json!({"model": "cpu", "input": "x"}));
     assert_eq!(status, 200, "the CPU model keeps serving");
 }
+
+/// Identical cards are told apart by their Vulkan deviceUUID: /health lists
+/// it, a model pinned by it (or a unique prefix) serves, and
+/// `vulkan:llvmpipe*` (every matching device) becomes one session per
+/// device, pinned by UUID; all three give the vectors of the name pin.
+#[test]
+fn vulkan_devices_are_pinned_by_uuid_and_a_pattern_takes_every_one() {
+    let server = Server::start(Some(&entry("by-name", "vulkan:llvmpipe")), &[]);
+    let texts = fixture_texts();
+    let (status, want) = server.post("/v1/embeddings", &json!({"model": "by-name", "input": texts}));
+    assert_eq!(status, 200, "{want}");
+    let devices = server.get("/health").1["devices"]["vulkan"].clone();
+    let lavapipe = devices.as_array().unwrap().iter().find(|d| d["name"].as_str().unwrap().contains("llvmpipe")).expect("lavapipe listed").clone();
+    let uuid = lavapipe["uuid"].as_str().unwrap_or_else(|| panic!("no deviceUUID in /health: {devices}")).to_string();
+    assert_eq!((uuid.len(), uuid.matches('-').count()), (36, 4), "{uuid}");
+    drop(server);
+    let config =
+        [entry("by-uuid", &format!("vulkan:{uuid}")), entry("by-prefix", &format!("vulkan:{}", &uuid[..13])), entry("every", "vulkan:llvmpipe*")].concat();
+    let server = Server::start(Some(&config), &[]);
+    for id in ["by-uuid", "by-prefix", "every"] {
+        let (status, got) = server.post("/v1/embeddings", &json!({"model": id, "input": texts}));
+        assert_eq!(status, 200, "{id}: {got}");
+        assert_eq!(common::vectors(&got), common::vectors(&want), "{id}");
+    }
+    let every = server.model_health("every");
+    let lavapipes = devices.as_array().unwrap().iter().filter(|d| d["name"].as_str().unwrap().contains("llvmpipe")).count();
+    assert_eq!(every["engine_calls"]["per_device"].as_array().unwrap().len(), lavapipes, "{every}");
+    // Every sequence counted on the device that ran it (the load's warm-up text too).
+    let rows: u64 = every["engine_calls"]["rows_per_device"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum();
+    assert!(rows > texts.len() as u64, "{every}");
+}

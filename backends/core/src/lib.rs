@@ -415,9 +415,10 @@ pub trait Backend: Sync {
     /// The devices a model on `devices` runs on, each a pin of one device: a
     /// pattern (`cuda:H200*`) becomes one pin per matching device, by a bus
     /// id that names it for good; every other device is kept as written.
-    /// Engines that list no ids keep the list as it is.
-    fn expand_devices(&self, devices: &Devices, forbidden: &[String]) -> Result<Devices, EngineError> {
-        let _ = forbidden;
+    /// Engines that list no ids keep the list as it is. `library` is the
+    /// runtime the model opens.
+    fn expand_devices(&self, devices: &Devices, library: Option<&Path>, forbidden: &[String]) -> Result<Devices, EngineError> {
+        let _ = (library, forbidden);
         Ok(devices.clone())
     }
 

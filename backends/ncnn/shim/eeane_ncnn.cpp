@@ -2,6 +2,9 @@
 // what ncnn's c_api.h lacks (the GPU instance, device names and types, how
 // many layers were bound to Vulkan). Built by models/build_ncnn.sh against the
 // ncnn it builds; the Rust engine opens it at run time.
+#include <dlfcn.h>
+
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -33,6 +36,34 @@ int eeane_ncnn_gpu_info(int index, char *buf, int len) {
     std::strncpy(buf, info.device_name(), len - 1);
     buf[len - 1] = 0;
     return info.type();
+#else
+    (void)index; (void)buf; (void)len;
+    return -1;
+#endif
+}
+
+// The device's UUID (VkPhysicalDeviceIDProperties.deviceUUID, which tells
+// identical cards apart) into buf as 8-4-4-4-12 hex digits; 0, or -1 when
+// the driver cannot say or buf is too short.
+int eeane_ncnn_gpu_uuid(int index, char *buf, int len) {
+#if NCNN_VULKAN
+    if (index < 0 || index >= ncnn::get_gpu_count() || len < 37) return -1;
+    // Vulkan 1.1's entry point, from the loader ncnn opened: libncnn exports
+    // none of its own function pointers. A 1.0 loader has none: no UUID.
+    PFN_vkGetPhysicalDeviceProperties2KHR properties2 = 0;
+    void *loader = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (loader) properties2 = (PFN_vkGetPhysicalDeviceProperties2KHR)dlsym(loader, "vkGetPhysicalDeviceProperties2");
+    if (!properties2) return -1;
+    VkPhysicalDeviceIDProperties id = {};
+    id.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES;
+    VkPhysicalDeviceProperties2 properties = {};
+    properties.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+    properties.pNext = &id;
+    properties2(ncnn::get_gpu_info(index).physicalDevice(), &properties);
+    const unsigned char *u = id.deviceUUID;
+    std::snprintf(buf, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4], u[5], u[6],
+                  u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    return 0;
 #else
     (void)index; (void)buf; (void)len;
     return -1;

@@ -16,13 +16,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use eeane_backend_core::{
-    Backend, Device, DeviceName, Devices, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, HubPreparation, InputShapes, InvalidOptions, Isolation,
-    Options, PathResolver, TokenBatch, VisibleDevices,
+    every_device, lasting_pin, Backend, Device, DeviceName, Devices, Engine, EngineError, EngineInfo, EngineOutput, EngineSpec, HubPreparation, InputShapes,
+    InvalidOptions, Isolation, ListedDevice, Options, PathResolver, TokenBatch, VisibleDevices, EVERY,
 };
 
 type GpuCount = unsafe extern "C" fn() -> c_int;
 type GpuInfo = unsafe extern "C" fn(c_int, *mut c_char, c_int) -> c_int;
 type GpuRelease = unsafe extern "C" fn();
+type GpuUuid = unsafe extern "C" fn(c_int, *mut c_char, c_int) -> c_int;
 type NetLoad = unsafe extern "C" fn(c_int, c_int, c_int, *const c_char, *const c_char) -> *mut c_void;
 type VulkanLayers = unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int;
 type Run = unsafe extern "C" fn(*mut c_void, *const c_int, *const c_int, c_int, *mut f32, c_long) -> c_int;
@@ -33,6 +34,8 @@ struct Shim {
     gpu_count: GpuCount,
     gpu_info: GpuInfo,
     gpu_release: GpuRelease,
+    /// Absent from a shim built before it (the device then has no UUID).
+    gpu_uuid: Option<GpuUuid>,
     net_load: NetLoad,
     vulkan_layers: VulkanLayers,
     run: Run,
@@ -49,7 +52,22 @@ static GPU_NETS: AtomicUsize = AtomicUsize::new(0);
 /// net load, net free), so that a release never races a load.
 static GPU_LOCK: Mutex<()> = Mutex::new(());
 /// The Vulkan devices seen when the shim was first opened, for /health.
-static DEVICES: OnceLock<Vec<(String, &'static str)>> = OnceLock::new();
+static DEVICES: OnceLock<Vec<VulkanDevice>> = OnceLock::new();
+
+/// A Vulkan device as ncnn lists it.
+#[derive(Debug, Clone)]
+struct VulkanDevice {
+    name: String,
+    kind: &'static str,
+    /// Its deviceUUID, which tells identical cards apart.
+    uuid: Option<String>,
+}
+
+impl VulkanDevice {
+    fn listed(&self) -> ListedDevice {
+        ListedDevice { name: self.name.clone(), uuid: self.uuid.clone(), bus_id: None }
+    }
+}
 
 /// Bumped each time the last Vulkan net goes; a delayed release acts only if
 /// no net came and went since it was scheduled.
@@ -110,6 +128,7 @@ fn shim(path: &Path) -> Result<Arc<Shim>, EngineError> {
                 gpu_count: sym!(b"eeane_ncnn_gpu_count"),
                 gpu_info: sym!(b"eeane_ncnn_gpu_info"),
                 gpu_release: sym!(b"eeane_ncnn_gpu_release"),
+                gpu_uuid: library.get::<GpuUuid>(b"eeane_ncnn_gpu_uuid").ok().map(|s| *s),
                 net_load: sym!(b"eeane_ncnn_net_load"),
                 vulkan_layers: sym!(b"eeane_ncnn_vulkan_layers"),
                 run: sym!(b"eeane_ncnn_run"),
@@ -204,8 +223,16 @@ impl Backend for Ncnn {
         }
     }
 
+    fn expand_devices(&self, devices: &Devices, library: Option<&Path>, forbidden: &[String]) -> Result<Devices, EngineError> {
+        match library {
+            Some(path) => expand(path, devices, forbidden),
+            None if devices.iter().any(|d| d.as_str().ends_with(EVERY)) => Err(no_library()),
+            None => Ok(devices.clone()),
+        }
+    }
+
     fn visible_devices(&self) -> Option<VisibleDevices> {
-        let devices = DEVICES.get()?.iter().map(|(name, kind)| Device { name: name.clone(), kind: kind.to_string(), uuid: None, bus_id: None }).collect();
+        let devices = DEVICES.get()?.iter().map(|d| Device { name: d.name.clone(), kind: d.kind.to_string(), uuid: d.uuid.clone(), bus_id: None }).collect();
         Some(VisibleDevices { api: "vulkan", devices })
     }
 
@@ -231,8 +258,8 @@ fn open(path: &Path) -> Result<String, EngineError> {
     Ok("ncnn".to_string())
 }
 
-/// The Vulkan devices ncnn sees: (name, kind). Creates the GPU instance.
-fn vulkan_devices(path: &Path) -> Result<Vec<(String, &'static str)>, EngineError> {
+/// The Vulkan devices ncnn sees. Creates the GPU instance.
+fn vulkan_devices(path: &Path) -> Result<Vec<VulkanDevice>, EngineError> {
     let shim = shim(path)?;
     // SAFETY: plain calls into the shim.
     let count = unsafe { (shim.gpu_count)() };
@@ -251,7 +278,14 @@ fn vulkan_devices(path: &Path) -> Result<Vec<(String, &'static str)>, EngineErro
                 3 => "cpu",
                 _ => "unknown",
             };
-            (name, kind)
+            let uuid = shim.gpu_uuid.and_then(|gpu_uuid| {
+                let mut buf = [0 as c_char; 64];
+                // SAFETY: as above; the shim writes at most buf's length, NUL included.
+                let found = unsafe { gpu_uuid(i, buf.as_mut_ptr(), buf.len() as c_int) } == 0;
+                // SAFETY: NUL-terminated within buf when found.
+                found.then(|| unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+            });
+            VulkanDevice { name, kind, uuid }
         })
         .collect())
 }
@@ -267,9 +301,31 @@ fn resolve_device(path: &Path, device: &DeviceName, forbidden: &[String]) -> Res
         return Err(EngineError::Device(format!("device {device:?}: use \"cpu\" or \"vulkan:<device name>\"")));
     };
     let visible = vulkan_devices(path)?;
-    let names: Vec<String> = visible.iter().map(|(n, _)| n.clone()).collect();
-    let index = eeane_backend_core::pick_device_by_name("Vulkan", wanted, &names, forbidden)?;
-    Ok(Some((index as i32, visible[index].0.clone())))
+    let listed: Vec<ListedDevice> = visible.iter().map(VulkanDevice::listed).collect();
+    let index = eeane_backend_core::pick_device("Vulkan", wanted, &listed, forbidden)?;
+    Ok(Some((index as i32, visible[index].name.clone())))
+}
+
+/// `devices` with each `vulkan:<name>*` replaced by one `vulkan:<deviceUUID>`
+/// per device whose name holds `<name>`, forbidden ones left out.
+fn expand(path: &Path, devices: &Devices, forbidden: &[String]) -> Result<Devices, EngineError> {
+    if !devices.iter().any(|d| d.as_str().starts_with("vulkan:") && d.as_str().ends_with(EVERY)) {
+        return Ok(devices.clone());
+    }
+    open(path)?;
+    let listed: Vec<ListedDevice> = DEVICES.get().into_iter().flatten().map(VulkanDevice::listed).collect();
+    let mut names = Vec::new();
+    for device in devices {
+        match device.as_str().strip_prefix("vulkan:") {
+            Some(pattern) if pattern.ends_with(EVERY) => {
+                for index in every_device("Vulkan", pattern, &listed, forbidden)? {
+                    names.push(format!("vulkan:{}", lasting_pin(&listed[index])));
+                }
+            }
+            _ => names.push(device.to_string()),
+        }
+    }
+    Devices::new(names).map_err(|e| EngineError::Device(e.to_string()))
 }
 
 pub struct NcnnEngine {

@@ -122,7 +122,7 @@ impl Backend for OnnxRuntime {
         Some(VisibleDevices { api: "cuda", devices })
     }
 
-    fn expand_devices(&self, devices: &Devices, forbidden: &[String]) -> Result<Devices, EngineError> {
+    fn expand_devices(&self, devices: &Devices, _library: Option<&Path>, forbidden: &[String]) -> Result<Devices, EngineError> {
         cuda::expand(devices, forbidden)
     }
 
