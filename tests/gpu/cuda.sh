@@ -27,6 +27,10 @@ if [ ! -x "$root/eeane" ]; then
   cd - > /dev/null
   mkdir -p "$root" && xz -dc /tmp/cuda-parts/bundle.tar.xz | tar -C "$root" -xf - && rm /tmp/cuda-parts/bundle.tar.xz
 fi
+# wrk from the bundle (tests/gpu/load.sh), with its LuaJIT beside it.
+if [ -x "$root/wrk/wrk" ] && ! command -v wrk > /dev/null; then
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$root/wrk" "$root/wrk/wrk" > /usr/local/bin/wrk && chmod +x /usr/local/bin/wrk
+fi
 # A newer eeane than the bundle's, when one is carried (.cuda/bin/eeane.xz).
 [ -f .cuda/bin/eeane.xz ] && xz -dc .cuda/bin/eeane.xz > "$root/eeane" && chmod +x "$root/eeane"
 eeane=$root/eeane

