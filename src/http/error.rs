@@ -44,11 +44,38 @@ impl Dialect {
     /// The dialect of a route that has no handler to choose it (a 401, 404 or
     /// 405 answered before one runs).
     pub fn of_path(path: &str) -> Self {
-        match super::pinned::unpinned(path) {
+        match unpinned(path) {
             "/" | "/embed" | "/tokenize" | "/decode" | "/info" => Dialect::Tei,
             p if p.starts_with("/api/") => Dialect::Ollama,
             _ => Dialect::OpenAi,
         }
+    }
+}
+
+/// The API path under a `/models/{id}` prefix (pinned.rs;
+/// `/models/BAAI/bge-m3/embed` -> `/embed`), for the dialect of a 401, 404
+/// or 405, which is chosen by path before a handler runs. A path without the
+/// prefix is itself.
+fn unpinned(path: &str) -> &str {
+    let Some(rest) = path.strip_prefix("/models/") else { return path };
+    let is_api = |tail: &str| {
+        tail.is_empty()
+            || tail == "/"
+            || ["/v1/", "/api/"].iter().any(|p| tail.starts_with(p))
+            || ["/embed", "/rerank", "/tokenize", "/decode", "/info", "/embeddings", "/models"].contains(&tail)
+    };
+    // What follows a path's first segment ("" when it has one).
+    let tail_of = |p: &str| p.find('/').map_or(p.len(), |i| i);
+    // One segment for the id, else two (an organization and a name).
+    let first = &rest[tail_of(rest)..];
+    if is_api(first) {
+        return if first.is_empty() { "/" } else { first };
+    }
+    let second = &first[1..][tail_of(&first[1..])..];
+    match second {
+        "" => "/",
+        tail if is_api(tail) => tail,
+        _ => path,
     }
 }
 
@@ -255,5 +282,24 @@ impl From<RequestError> for ApiError {
             Some(seconds) => error.with_retry_after(seconds),
             None => error,
         }
+    }
+}
+
+#[cfg(test)]
+mod unpinned_tests {
+    use super::unpinned;
+
+    #[test]
+    fn the_api_path_is_found_under_one_or_two_segments() {
+        assert_eq!(unpinned("/models/bge-m3/v1/embeddings"), "/v1/embeddings");
+        assert_eq!(unpinned("/models/BAAI/bge-m3/embed"), "/embed");
+        assert_eq!(unpinned("/models/BAAI/bge-m3/api/embed"), "/api/embed");
+        assert_eq!(unpinned("/models/BAAI%2Fbge-m3/info"), "/info");
+        assert_eq!(unpinned("/models/bge-m3/"), "/");
+        assert_eq!(unpinned("/models/bge-m3"), "/");
+        assert_eq!(unpinned("/models/BAAI/bge-m3"), "/");
+        assert_eq!(unpinned("/v1/embeddings"), "/v1/embeddings");
+        assert_eq!(unpinned("/models"), "/models");
+        assert_eq!(unpinned("/models/a/b/c/d"), "/models/a/b/c/d");
     }
 }
