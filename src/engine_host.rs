@@ -36,6 +36,16 @@ pub struct HostedModel {
 
 type Answer<T> = Result<T, EngineError>;
 
+/// What the server asks of the child after the load: a batch, answered with
+/// its vectors, or the engine's idle work (`Engine::warm_next`), answered
+/// with whether more remains. The server writes `Order<&TokenBatch>`; the
+/// child reads `Order<TokenBatch>`: the same frame.
+#[derive(Debug, Serialize, Deserialize)]
+enum Order<B> {
+    Run(B),
+    Warm,
+}
+
 fn write_frame<T: Serialize>(out: &mut impl Write, value: &T) -> io::Result<()> {
     let body = postcard::to_stdvec(value).map_err(io::Error::other)?;
     let len = u32::try_from(body.len()).map_err(io::Error::other)?;
@@ -94,10 +104,20 @@ pub fn serve_stdio() -> u8 {
     };
     if write_frame(&mut output, &Answer::Ok(engine.info().clone())).is_ok() {
         let who = format!("model {:?} ({} on {})", hosted.model, engine.info().engine, engine.info().device);
-        while let Ok(batch) = read_frame::<TokenBatch>(&mut input, &mut buf) {
-            let result = catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, hosted.pooling, hosted.normalize, &who)))
-                .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
-            if write_frame(&mut output, &result).is_err() {
+        while let Ok(order) = read_frame::<Order<TokenBatch>>(&mut input, &mut buf) {
+            let written = match order {
+                Order::Run(batch) => {
+                    let result = catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, hosted.pooling, hosted.normalize, &who)))
+                        .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
+                    write_frame(&mut output, &result)
+                }
+                Order::Warm => {
+                    let more = catch_unwind(AssertUnwindSafe(|| engine.warm_next()))
+                        .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked while warming".into())));
+                    write_frame(&mut output, &more)
+                }
+            };
+            if written.is_err() {
                 break;
             }
         }
@@ -163,6 +183,15 @@ impl HostedEngine {
         self.process.as_ref().map(|p| p.child.id())
     }
 
+    /// The child's idle work (`Engine::warm_next`): whether more remains. A
+    /// child that is gone is not started again for it.
+    pub fn warm_next(&mut self) -> Result<bool, EngineError> {
+        let Some(process) = &mut self.process else { return Ok(false) };
+        write_frame(&mut process.input, &Order::<&TokenBatch>::Warm)
+            .and_then(|()| read_frame::<Answer<bool>>(&mut process.output, &mut self.buf))
+            .map_err(|e| EngineError::Inference(format!("the engine process of model {:?} did not answer while warming ({e})", self.hosted.model)))?
+    }
+
     /// Runs one batch in the child: the pooled, checked (and normalized) vectors.
     pub fn run(&mut self, batch: &TokenBatch) -> Result<Vec<Vec<f32>>, EngineError> {
         if let Some(status) = self.process.as_mut().and_then(|p| p.child.try_wait().ok().flatten()) {
@@ -178,7 +207,7 @@ impl HostedEngine {
                 self.process.insert(process)
             }
         };
-        let answer = write_frame(&mut process.input, batch).and_then(|()| read_frame::<Answer<Vec<Vec<f32>>>>(&mut process.output, &mut self.buf));
+        let answer = write_frame(&mut process.input, &Order::Run(batch)).and_then(|()| read_frame::<Answer<Vec<Vec<f32>>>>(&mut process.output, &mut self.buf));
         match (answer, self.process.take()) {
             (Ok(answer), process) => {
                 self.process = process;
@@ -323,5 +352,20 @@ mod tests {
         let (mut reader, mut buf) = (cut, Vec::new());
         let _: Answer<Vec<Vec<f32>>> = read_frame(&mut reader, &mut buf).unwrap();
         assert!(read_frame::<Answer<Vec<Vec<f32>>>>(&mut reader, &mut buf).is_err());
+    }
+
+    #[test]
+    fn the_servers_borrowed_orders_read_back_as_the_childs_owned_ones() {
+        let rows: Vec<i64> = vec![101, 7, 102];
+        let batch = TokenBatch::from_rows(&[(rows.as_slice(), None)], 4, 0);
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &Order::Run(&batch)).unwrap();
+        write_frame(&mut wire, &Order::<&TokenBatch>::Warm).unwrap();
+        let (mut reader, mut buf) = (wire.as_slice(), Vec::new());
+        match read_frame::<Order<TokenBatch>>(&mut reader, &mut buf).unwrap() {
+            Order::Run(back) => assert_eq!(back, batch),
+            Order::Warm => panic!("a batch read back as a warm order"),
+        }
+        assert!(matches!(read_frame::<Order<TokenBatch>>(&mut reader, &mut buf).unwrap(), Order::Warm));
     }
 }

@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use eeane_backend_core::{Backend, Devices, Engine, EngineError, EngineInfo, EngineSpec, InputShapes, TokenBatch};
+use eeane_backend_core::{Backend, DeviceName, Devices, Engine, EngineError, EngineInfo, EngineSpec, InputShapes, TokenBatch};
 use tokio::sync::oneshot;
 
-pub use plan::{BatchPolicy, Bucket, FillWait, Order, Planned, Pool};
+pub use plan::{full_rows, pick_idle, BatchPolicy, Bucket, FillWait, Order, Planned, Pool};
 
 use crate::config::Pooling;
 use crate::cpu_sets::CpuSet;
@@ -140,6 +140,15 @@ impl Runner {
         }
     }
 
+    /// The engine's idle work, one step: whether more remains.
+    fn warm_next(&mut self) -> Result<bool, EngineError> {
+        match self {
+            Runner::Thread(engine) => catch_unwind(AssertUnwindSafe(|| engine.warm_next()))
+                .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked while warming".into()))),
+            Runner::Process(hosted) => hosted.warm_next(),
+        }
+    }
+
     /// One vector per row of `batch`, pooled, checked and normalized.
     fn run(&mut self, batch: &TokenBatch, pipeline: &Pipeline, who: &str) -> Result<Vec<Vec<f32>>, EngineError> {
         match self {
@@ -182,26 +191,47 @@ pub fn wait_for_engines(limit: Duration) {
 struct Device {
     work: mpsc::Sender<Work>,
     info: EngineInfo,
+    /// The device as the model names it, for a GPU (sessions named alike share a card).
+    card: Option<String>,
 }
 
 /// One engine of a model to start: which of the model's devices it is, how
 /// it is launched, its spec and its share of the CPUs.
 struct EngineStart<'a> {
     model: &'a str,
-    index: usize,
+    /// Its place in the model's device list.
+    position: usize,
     launch: Launch,
     spec: EngineSpec,
     cpus: Option<CpuSet>,
 }
 
-fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sender<Event>, stats: Arc<WorkerStats>) -> Result<Device, EngineError> {
-    let EngineStart { model: name, index, launch, spec, cpus } = engine;
+/// A device thread that is loading its engine.
+struct LoadingDevice {
+    work: mpsc::Sender<Work>,
+    ready: mpsc::Receiver<Result<EngineInfo, EngineError>>,
+    place: mpsc::Sender<usize>,
+}
+
+impl LoadingDevice {
+    /// Waits until the engine has loaded, then gives the device its place
+    /// among the model's loaded devices.
+    fn ready(self, place: usize, device: &DeviceName) -> Result<Device, EngineError> {
+        let info = self.ready.recv().map_err(|_| EngineError::Runtime("the engine thread died while loading".into()))??;
+        let _ = self.place.send(place);
+        Ok(Device { work: self.work, info, card: (!device.is_cpu()).then(|| device.to_string()) })
+    }
+}
+
+fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sender<Event>, stats: Arc<WorkerStats>) -> Result<LoadingDevice, EngineError> {
+    let EngineStart { model: name, position, launch, spec, cpus } = engine;
     let (work, queue) = mpsc::channel::<Work>();
     let (ready_tx, ready_rx) = mpsc::channel();
+    let (place, place_rx) = mpsc::channel::<usize>();
     let model = name.to_string();
     ENGINE_THREADS.fetch_add(1, Ordering::SeqCst);
     std::thread::Builder::new()
-        .name(format!("engine-{name}-{index}"))
+        .name(format!("engine-{name}-{position}"))
         .spawn(move || {
             // Counts this thread down however it ends.
             struct Alive;
@@ -233,6 +263,9 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
                 info.device = format!("{} (cpus {})", info.device, set.describe());
             }
             let _ = ready_tx.send(Ok(info));
+            // The device's place among those of the model that loaded (the
+            // index in Done events and /health's lists); none: the model failed.
+            let Ok(index) = place_rx.recv() else { return };
             let who = format!("model {model:?} ({} on {})", engine.info().engine, engine.info().device);
             let (rows, tokens, seconds) = (
                 metrics::histogram!("eeane_batch_rows", "model" => model.clone()),
@@ -253,7 +286,25 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
             };
             show_pid(engine.pid());
             let mut restarts_counted = 0;
-            for Work { batch, items } in queue {
+            let mut warming = true;
+            loop {
+                // While no batch waits, the engine warms, one step at a time.
+                let work = match queue.try_recv() {
+                    Ok(work) => work,
+                    Err(mpsc::TryRecvError::Disconnected) => break,
+                    Err(mpsc::TryRecvError::Empty) if warming => {
+                        warming = engine.warm_next().unwrap_or_else(|e| {
+                            tracing::warn!(model, "the engine stopped warming: {e}");
+                            false
+                        });
+                        continue;
+                    }
+                    Err(mpsc::TryRecvError::Empty) => match queue.recv() {
+                        Ok(work) => work,
+                        Err(_) => break,
+                    },
+                };
+                let Work { batch, items } = work;
                 let started = Instant::now();
                 let result = engine.run(&batch, &pipeline, &who);
                 if let Runner::Process(hosted) = &engine {
@@ -277,8 +328,7 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
             ENGINE_THREADS.fetch_sub(1, Ordering::SeqCst);
             EngineError::Runtime(format!("cannot start the engine thread: {e}"))
         })?;
-    let info = ready_rx.recv().map_err(|_| EngineError::Runtime("the engine thread died while loading".into()))??;
-    Ok(Device { work, info })
+    Ok(LoadingDevice { work, ready: ready_rx, place })
 }
 
 impl EngineWorker {
@@ -295,14 +345,18 @@ impl EngineWorker {
         std::thread::Builder::new()
             .name(format!("batcher-{name}"))
             .spawn(move || {
-                let (mut devices, mut skipped) = (Vec::new(), Vec::new());
+                let (mut loading, mut devices, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
+                let parallel = match &launch {
+                    Launch::Thread(engine) => engine.loads_in_parallel(),
+                    Launch::Process { .. } => true,
+                };
                 let cpu_engines = asked.iter().filter(|d| d.is_cpu()).count();
                 // Several CPU engines split the cores; one engine in a process kept to
                 // some of the machine's CPUs gets them all, so that its thread count
                 // follows the mask rather than the machine.
                 let share = cpu_engines > 1 || (cpu_engines == 1 && crate::cpu_sets::restricted());
                 let mut cpu_sets = if share { crate::cpu_sets::split(&crate::cpu_sets::cores(), cpu_engines) } else { Vec::new() }.into_iter();
-                for device in &asked {
+                for (position, device) in asked.iter().enumerate() {
                     let cpus = if device.is_cpu() { cpu_sets.next() } else { None };
                     // A share of the cores computes on as many threads as it has cores, unless the entry says.
                     let threads = match &cpus {
@@ -310,17 +364,23 @@ impl EngineWorker {
                         _ => spec.threads,
                     };
                     let spec = EngineSpec { device: device.clone(), threads, ..spec.clone() };
-                    let engine = EngineStart { model: &name, index: devices.len(), launch: launch.clone(), spec, cpus };
-                    match start_device(engine, pipeline.clone(), thread_events.clone(), thread_stats.clone()) {
-                        Ok(d) => devices.push(d),
-                        Err(EngineError::Device(why)) if asked.len() > 1 => {
-                            tracing::warn!(model = %name, device = %device, "device skipped: {why}");
-                            skipped.push(device.to_string());
-                        }
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
+                    let engine = EngineStart { model: &name, position, launch: launch.clone(), spec, cpus };
+                    let started = start_device(engine, pipeline.clone(), thread_events.clone(), thread_stats.clone());
+                    if parallel {
+                        loading.push((device, started));
+                        continue;
+                    }
+                    let loaded = started.and_then(|d| d.ready(devices.len(), device));
+                    if let Err(e) = take_device(&name, device, loaded, asked.len(), &mut devices, &mut skipped) {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                }
+                for (device, started) in loading {
+                    let loaded = started.and_then(|d| d.ready(devices.len(), device));
+                    if let Err(e) = take_device(&name, device, loaded, asked.len(), &mut devices, &mut skipped) {
+                        let _ = ready_tx.send(Err(e));
+                        return;
                     }
                 }
                 if devices.is_empty() {
@@ -369,6 +429,27 @@ impl EngineWorker {
     }
 }
 
+/// Keeps a loaded device; a device error skips the device when the model has
+/// others to try; any other error fails the model.
+fn take_device(
+    model: &str,
+    device: &DeviceName,
+    loaded: Result<Device, EngineError>,
+    asked: usize,
+    devices: &mut Vec<Device>,
+    skipped: &mut Vec<String>,
+) -> Result<(), EngineError> {
+    match loaded {
+        Ok(d) => devices.push(d),
+        Err(EngineError::Device(why)) if asked > 1 => {
+            tracing::warn!(model, device = %device, "device skipped: {why}");
+            skipped.push(device.to_string());
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
 /// A request in the worker: its sequences and the vectors computed so far.
 struct Active {
     job: Job,
@@ -396,6 +477,11 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
     let mut fill = FillWait::default();
     let mut sent_at: Vec<Option<Instant>> = vec![None; devices.len()];
     let mut fill_wait: Option<Duration> = None;
+    // Sessions named alike share one GPU: numbered by their first session.
+    let cards: Vec<Option<usize>> =
+        devices.iter().map(|d| d.card.as_ref().map(|c| devices.iter().position(|o| o.card.as_ref() == Some(c)).unwrap_or(0))).collect();
+    let full = full_rows(&pipeline.policy);
+    let mut held_for_card = false;
     loop {
         let event = if let Some(wait) = fill_wait.take() {
             match inbox.recv_timeout(wait) {
@@ -403,7 +489,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
                 Err(mpsc::RecvTimeoutError::Timeout) => None,
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
-        } else if !shutting_down && !idle.is_empty() && !pool.is_empty() {
+        } else if !shutting_down && !idle.is_empty() && !pool.is_empty() && !held_for_card {
             inbox.try_recv().ok()
         } else if shutting_down && idle.len() == devices.len() {
             break;
@@ -413,6 +499,9 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
                 Err(_) => break,
             }
         };
+        if event.is_some() {
+            held_for_card = false;
+        }
         match event {
             Some(Event::Job(job)) => {
                 next_id += 1;
@@ -448,8 +537,14 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
                 continue;
             }
         }
-        while let Some(&device) = idle.last() {
+        loop {
             let waiting = pool.waiting();
+            let Some(slot) = pick_idle(&idle, &cards, waiting, full) else {
+                // Idle sessions wait for their card, until an answer or new jobs.
+                held_for_card = !pool.is_empty();
+                break;
+            };
+            let device = idle[slot];
             let Some(mut planned) = pool.next_batch(&pipeline.policy) else { break };
             // How full the pool was against what the plan took: with few
             // requests in flight, the batches' size and padding follow from it.
@@ -473,7 +568,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
                 continue;
             }
             sent_at[device] = Some(Instant::now());
-            idle.pop();
+            idle.remove(slot);
         }
         stats.waiting_sequences.store(pool.waiting() as u64, Ordering::Relaxed);
     }
@@ -614,6 +709,107 @@ mod tests {
         }
         let info = EngineInfo { device: spec.device.to_string(), ..echo(spec)?.info().clone() };
         Ok(Box::new(SlowEcho(EchoEngine(info))))
+    }
+
+    /// Steps of idle work the warming engine has done.
+    static WARM_STEPS: AtomicUsize = AtomicUsize::new(0);
+    const WARM_STEPS_IN_ALL: usize = 40;
+    static WARMING_ECHO: Loader = Loader(|spec| Ok(Box::new(WarmingEcho(EchoEngine(echo(spec)?.info().clone())))));
+
+    /// Like EchoEngine, with idle work to do: WARM_STEPS_IN_ALL steps of 2 ms.
+    struct WarmingEcho(EchoEngine);
+
+    impl Engine for WarmingEcho {
+        fn info(&self) -> &EngineInfo {
+            self.0.info()
+        }
+        fn run(&mut self, b: &TokenBatch) -> Result<EngineOutput, EngineError> {
+            self.0.run(b)
+        }
+        fn warm_next(&mut self) -> Result<bool, EngineError> {
+            std::thread::sleep(Duration::from_millis(2));
+            Ok(WARM_STEPS.fetch_add(1, Ordering::SeqCst) + 1 < WARM_STEPS_IN_ALL)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_model_serves_while_it_warms_and_warms_until_its_engine_is_done() {
+        let worker = EngineWorker::start("warming", Launch::Thread(&WARMING_ECHO), Devices::cpu(), EngineSpec::default(), two_per_batch()).await.unwrap();
+        let seqs: Vec<Encoded> = (1..=6).map(|i| Encoded { ids: vec![i; 3], type_ids: vec![0; 3] }).collect();
+        let got = worker.embed(seqs, None).await.unwrap();
+        assert_eq!(got, (1..=6).map(|i| vec![i as f32, 1.0]).collect::<Vec<_>>());
+        let until = Instant::now() + Duration::from_secs(30);
+        while WARM_STEPS.load(Ordering::SeqCst) < WARM_STEPS_IN_ALL && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Once the engine says nothing remains it is not asked again.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(WARM_STEPS.load(Ordering::SeqCst), WARM_STEPS_IN_ALL);
+        let again = worker.embed(vec![Encoded { ids: vec![9; 2], type_ids: vec![0; 2] }], None).await.unwrap();
+        assert_eq!(again, vec![vec![9.0, 1.0]]);
+    }
+
+    /// Batches running at once on the counting engine, and the most seen.
+    static RUNNING: AtomicUsize = AtomicUsize::new(0);
+    static MOST_RUNNING: AtomicUsize = AtomicUsize::new(0);
+    static COUNTING_ECHO: Loader = Loader(|spec| {
+        let info = EngineInfo { device: spec.device.to_string(), ..echo(spec)?.info().clone() };
+        Ok(Box::new(CountingEcho(EchoEngine(info))))
+    });
+
+    /// Like EchoEngine, 10 ms a batch, counting the batches that overlap.
+    struct CountingEcho(EchoEngine);
+
+    impl Engine for CountingEcho {
+        fn info(&self) -> &EngineInfo {
+            self.0.info()
+        }
+        fn run(&mut self, b: &TokenBatch) -> Result<EngineOutput, EngineError> {
+            MOST_RUNNING.fetch_max(RUNNING.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(10));
+            RUNNING.fetch_sub(1, Ordering::SeqCst);
+            self.0.run(b)
+        }
+    }
+
+    #[tokio::test]
+    async fn sessions_sharing_a_card_run_small_batches_two_at_a_time_and_full_ones_all_at_once() {
+        let policy = BatchPolicy {
+            buckets: vec![Bucket { max_tokens: 16, max_batch: 256 }],
+            max_batch_tokens: 4096,
+            pad_to_multiple_of: 0,
+            pad_to_bucket: false,
+            order: Order::Sorted,
+        };
+        assert_eq!(full_rows(&policy), 128);
+        let pipeline = Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 };
+        let asked = Devices::new(["gpu", "gpu", "gpu", "gpu"]).unwrap();
+        let worker = Arc::new(EngineWorker::start("card", Launch::Thread(&COUNTING_ECHO), asked, EngineSpec::default(), pipeline).await.unwrap());
+        // 64 clients, one text a request: never a full batch waiting.
+        let clients: Vec<_> = (0..64)
+            .map(|c| {
+                let worker = worker.clone();
+                tokio::spawn(async move {
+                    for i in 0..10 {
+                        let id = 1 + c * 10 + i;
+                        let got = worker.embed(vec![Encoded { ids: vec![id; 3], type_ids: vec![0; 3] }], None).await.unwrap();
+                        assert_eq!(got, vec![vec![id as f32, 1.0]]);
+                    }
+                })
+            })
+            .collect();
+        for client in clients {
+            client.await.unwrap();
+        }
+        let most = MOST_RUNNING.load(Ordering::SeqCst);
+        assert!(most <= 2, "small batches on one card, {most} at once");
+        // A bulk request: four full batches start at once, one per session.
+        let before = worker.stats.device_batches.locked().clone();
+        let seqs: Vec<Encoded> = (1..=1024).map(|i| Encoded { ids: vec![i; 4], type_ids: vec![0; 4] }).collect();
+        let got = worker.embed(seqs, None).await.unwrap();
+        assert_eq!(got, (1..=1024).map(|i| vec![i as f32, 1.0]).collect::<Vec<_>>());
+        let after = worker.stats.device_batches.locked().clone();
+        assert!(before.iter().zip(&after).all(|(b, a)| a > b), "every session ran a full batch: {before:?} -> {after:?}");
     }
 
     /// Mean pooling, no normalization, batches of at most two.

@@ -5,9 +5,11 @@
 #   1. pins: the card by name, by NVML UUID (a prefix), by PCI bus id, and
 #      every matching card (cuda:NAME*) serve the same vectors; a wrong UUID
 #      is refused naming the card that is there; /health lists UUID and bus id;
-#   2. per layout (8 sessions in process, 2 engine processes): the cold
-#      start's first answer, then tests/gpu/load.sh (bulk, and one text a
-#      request at 64, 256 and 480 in flight) and VRAM after an unload;
+#   2. per layout (8 and 4 sessions in process, 2 engine processes): the
+#      cold start's first answer, how long until every session has run every
+#      batch shape once (in the background, while idle), then
+#      tests/gpu/load.sh (bulk, and one text a request at 64, 256 and 480 in
+#      flight) and VRAM after an unload;
 #   3. SIGTERM while 1,024 connections send one text a request as the model
 #      loads, five times per layout: each exit status.
 # Everything goes to $OUT. Not run yet: no GPU was lent since it was written.
@@ -72,7 +74,8 @@ kill -TERM $server; wait $server
 
 # 2. Per layout: cold start, the load generator, VRAM after an unload.
 eight=$(printf '"%s", ' $device $device $device $device $device $device $device $device | sed 's/, $//')
-for layout in "x8-thread|[$eight]|isolation = \"thread\"" "x2-process|[\"$device\", \"$device\"]|"; do
+four=$(printf '"%s", ' $device $device $device $device | sed 's/, $//')
+for layout in "x8-thread|[$eight]|isolation = \"thread\"" "x4-thread|[$four]|isolation = \"thread\"" "x2-process|[\"$device\", \"$device\"]|"; do
   IFS='|' read -r tag devices extra <<< "$layout"
   { header 7991; entry "minilm-$tag" "$devices" "$extra"; } > "$root/load-$tag.toml"
   "$eeane" serve --config "$root/load-$tag.toml" > "$OUT/load-$tag-server.log" 2>&1 &
@@ -81,6 +84,9 @@ for layout in "x8-thread|[$eight]|isolation = \"thread\"" "x2-process|[\"$device
   start=$(date +%s.%N)
   curl -s -o /dev/null -w "%{http_code}" -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"cold\"}" localhost:7991/v1/embeddings > /dev/null
   echo "$tag: first answer after a cold start $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s" | tee -a "$OUT/load.txt"
+  sessions=$(grep -o '"cuda' <<< "$devices" | wc -l)
+  for _ in $(seq 600); do [ "$(grep -c 'every GPU batch shape has run once' "$OUT/load-$tag-server.log")" -ge "$sessions" ] && break; sleep 0.2; done
+  echo "$tag: every shape warmed on all $sessions sessions $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s after the cold start" | tee -a "$OUT/load.txt"
   LOAD_SECONDS=$seconds bash tests/gpu/load.sh http://127.0.0.1:7991 "minilm-$tag" "$root/texts.json" "$OUT/load-$tag.json" 2>&1 | tee -a "$OUT/load.txt"
   curl -s -o /dev/null -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"x\", \"keep_alive\": 0}" localhost:7991/v1/embeddings
   sleep 3

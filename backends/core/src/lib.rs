@@ -168,6 +168,15 @@ impl std::error::Error for EngineError {}
 pub trait Engine: Send {
     fn info(&self) -> &EngineInfo;
     fn run(&mut self, batch: &TokenBatch) -> Result<EngineOutput, EngineError>;
+
+    /// Work the engine may do while no batch waits: on a GPU, the first run
+    /// of a batch shape it has not run yet (the first run of each shape costs
+    /// far more than the next). The engine's thread calls it only when idle,
+    /// so a model serves as soon as it loads and warms while it serves.
+    /// Returns whether more remains.
+    fn warm_next(&mut self) -> Result<bool, EngineError> {
+        Ok(false)
+    }
 }
 
 /// An engine's options after its `Backend::options` checked them: the typed
@@ -462,6 +471,13 @@ pub trait Backend: Sync {
     /// bounded by the bucket's rows and tokens (OpenVINO), so that a model
     /// without buckets is given a length ladder of them.
     fn compiles_per_bucket(&self) -> bool {
+        false
+    }
+
+    /// Whether several engines of one model may load at the same time in one
+    /// process (the runtime's loads are thread-safe). Engines in processes
+    /// of their own always load at the same time.
+    fn loads_in_parallel(&self) -> bool {
         false
     }
 

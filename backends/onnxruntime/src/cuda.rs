@@ -9,7 +9,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use eeane_backend_core::{every_device, lasting_pin, DeviceName, Devices, EngineError, ListedDevice, EVERY};
 
@@ -378,8 +378,16 @@ pub fn ordinal(gpu: &Gpu) -> Result<i32, EngineError> {
 /// cores are the ones tokenization and HTTP need to keep the GPU fed. Waking
 /// costs microseconds against the milliseconds a batch takes. Set on the
 /// primary context, which ONNX Runtime's CUDA provider uses, before it starts;
-/// a failure (an old driver) only leaves CUDA's default.
+/// a failure (an old driver) only leaves CUDA's default. Once per GPU: the
+/// sessions of a model load at the same time, and a later call would find the
+/// context already started by another.
 pub fn block_while_waiting(device: i32) {
+    static SET: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+    let mut set = SET.lock().unwrap_or_else(|e| e.into_inner());
+    if set.contains(&device) {
+        return;
+    }
+    set.push(device);
     const CU_CTX_SCHED_BLOCKING_SYNC: c_uint = 0x04;
     // SAFETY: the CUDA driver API's documented entry point, with its true
     // signature (CUdevice is an int); the library stays loaded.
