@@ -12,7 +12,9 @@
 #      flight) and VRAM after an unload;
 #   3. SIGTERM while 1,024 connections send one text a request as the model
 #      loads, five times per layout: each exit status.
-# Everything goes to $OUT. Not run yet: no GPU was lent since it was written.
+# Everything goes to $OUT. LOAD_STEPS ("pins load stop") and LOAD_LAYOUTS
+# ("x8-thread x4-thread x2-process") pick parts, so that each call of a
+# lent machine that may be taken back stays short.
 set -uo pipefail
 OUT=${OUT:-/tmp/eeane-cuda-out}
 root=/tmp/eeane-cuda
@@ -33,7 +35,12 @@ entry() {  # id, device list, extra lines
 header() { printf '[server]\nport = %s\nkeep_alive = 300\n' "$1"; sed -n '/^\[runtimes\]/,/^\[\[models\]\]/p' "$root/cuda.toml" | grep -v '^\[\[models\]\]'; }
 wait_port() { for _ in $(seq 600); do curl -sf "localhost:$1/health" -o /dev/null && return 0; sleep 0.2; done; return 1; }
 
+steps=${LOAD_STEPS:-pins load stop}
+layouts=${LOAD_LAYOUTS:-x8-thread x4-thread x2-process}
+has() { [[ " $1 " == *" $2 "* ]]; }
+
 # 1. Pins.
+if has "$steps" pins; then
 name=${device#cuda:}
 uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)
 bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -n 1)
@@ -71,12 +78,14 @@ json.dump(report, open(sys.argv[1], "w"), indent=1)
 print(json.dumps(report, indent=1))
 PY
 kill -TERM $server; wait $server
+fi
 
 # 2. Per layout: cold start, the load generator, VRAM after an unload.
 eight=$(printf '"%s", ' $device $device $device $device $device $device $device $device | sed 's/, $//')
 four=$(printf '"%s", ' $device $device $device $device | sed 's/, $//')
 for layout in "x8-thread|[$eight]|isolation = \"thread\"" "x4-thread|[$four]|isolation = \"thread\"" "x2-process|[\"$device\", \"$device\"]|"; do
   IFS='|' read -r tag devices extra <<< "$layout"
+  has "$steps" load && has "$layouts" "$tag" || continue
   { header 7991; entry "minilm-$tag" "$devices" "$extra"; } > "$root/load-$tag.toml"
   "$eeane" serve --config "$root/load-$tag.toml" > "$OUT/load-$tag-server.log" 2>&1 &
   server=$!
@@ -100,7 +109,9 @@ import json, sys
 texts = json.load(open(sys.argv[1]))
 open(sys.argv[2], "w").write("".join(json.dumps({"model": "m", "input": [t]}) + "\n" for t in texts))
 PY
+has "$steps" stop || exit 0
 for tag in x8-thread x2-process; do
+  { header 7991; entry "minilm-$tag" "$([ $tag = x8-thread ] && echo "[$eight]" || echo "[\"$device\", \"$device\"]")" "$([ $tag = x8-thread ] && echo 'isolation = "thread"')"; } > "$root/load-$tag.toml"
   sed "s/id = \"minilm-$tag\"/id = \"m\"/" "$root/load-$tag.toml" > "$root/stop-$tag.toml"
   for attempt in 1 2 3 4 5; do
     "$eeane" serve --config "$root/stop-$tag.toml" > "$OUT/stop-$tag-$attempt.log" 2>&1 &
