@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use eeane_backend_core::{Backend, DeviceName, Devices, Engine, EngineError, EngineInfo, EngineSpec, InputShapes, TokenBatch};
 use tokio::sync::oneshot;
 
-pub use plan::{full_rows, pick_idle, BatchPolicy, Bucket, FillWait, Order, Planned, Pool};
+pub use plan::{full_rows, pick_idle, worth_sharing, BatchPolicy, Bucket, FillWait, Order, Planned, Pool};
 
 use crate::config::Pooling;
 use crate::cpu_sets::CpuSet;
@@ -539,7 +539,8 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
         }
         loop {
             let waiting = pool.waiting();
-            let Some(slot) = pick_idle(&idle, &cards, waiting, full) else {
+            let share = cards.iter().any(Option::is_some) && worth_sharing(waiting, full, active.iter().any(|(&id, a)| a.started && pool.holds(id)));
+            let Some(slot) = pick_idle(&idle, &cards, share) else {
                 // Idle sessions wait for their card, until an answer or new jobs.
                 held_for_card = !pool.is_empty();
                 break;
@@ -773,16 +774,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn sessions_sharing_a_card_run_small_batches_two_at_a_time_and_full_ones_all_at_once() {
-        let policy = BatchPolicy {
-            buckets: vec![Bucket { max_tokens: 16, max_batch: 256 }],
-            max_batch_tokens: 4096,
-            pad_to_multiple_of: 0,
-            pad_to_bucket: false,
-            order: Order::Sorted,
-        };
-        assert_eq!(full_rows(&policy), 128);
-        let pipeline = Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 };
+    async fn sessions_sharing_a_card_start_a_third_batch_only_for_a_full_one_or_a_requests_rest() {
+        let pipeline = mean_of_one_bucket(256, 4096);
+        assert_eq!(full_rows(&pipeline.policy), 128);
         let asked = Devices::new(["gpu", "gpu", "gpu", "gpu"]).unwrap();
         let worker = Arc::new(EngineWorker::start("card", Launch::Thread(&COUNTING_ECHO), asked, EngineSpec::default(), pipeline).await.unwrap());
         // 64 clients, one text a request: never a full batch waiting.
@@ -810,18 +804,31 @@ mod tests {
         assert_eq!(got, (1..=1024).map(|i| vec![i as f32, 1.0]).collect::<Vec<_>>());
         let after = worker.stats.device_batches.locked().clone();
         assert!(before.iter().zip(&after).all(|(b, a)| a > b), "every session ran a full batch: {before:?} -> {after:?}");
+        // 256 + 256 + 10 texts: the last 10, the rest of a running request,
+        // start at once on a third session instead of waiting for the card.
+        let before = worker.stats.device_batches.locked().clone();
+        let seqs: Vec<Encoded> = (1..=522).map(|i| Encoded { ids: vec![i; 4], type_ids: vec![0; 4] }).collect();
+        assert_eq!(worker.embed(seqs, None).await.unwrap().len(), 522);
+        let after = worker.stats.device_batches.locked().clone();
+        let sessions = before.iter().zip(&after).filter(|(b, a)| a > b).count();
+        assert_eq!(sessions, 3, "three batches on three sessions: {before:?} -> {after:?}");
     }
 
-    /// Mean pooling, no normalization, batches of at most two.
-    fn two_per_batch() -> Pipeline {
+    /// Mean pooling, no normalization, one bucket of 16 tokens.
+    fn mean_of_one_bucket(max_batch: usize, max_batch_tokens: usize) -> Pipeline {
         let policy = BatchPolicy {
-            buckets: vec![Bucket { max_tokens: 16, max_batch: 2 }],
-            max_batch_tokens: 1024,
+            buckets: vec![Bucket { max_tokens: 16, max_batch }],
+            max_batch_tokens,
             pad_to_multiple_of: 0,
             pad_to_bucket: false,
             order: Order::Sorted,
         };
         Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 }
+    }
+
+    /// Batches of at most two.
+    fn two_per_batch() -> Pipeline {
+        mean_of_one_bucket(2, 1024)
     }
 
     #[tokio::test]

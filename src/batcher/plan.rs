@@ -104,6 +104,11 @@ impl Pool {
         self.jobs.remove(&job);
     }
 
+    /// Whether `job` still has sequences waiting.
+    pub fn holds(&self, job: u64) -> bool {
+        self.jobs.contains_key(&job)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.jobs.values().all(|j| j.remaining.is_empty())
     }
@@ -296,13 +301,22 @@ pub fn full_rows(policy: &BatchPolicy) -> usize {
 /// queued, sessions on one card would split it into small batches that each
 /// pay a GPU call's fixed cost (8 sessions on an H200 served one text a
 /// request at 0.40 of their bulk rate, 2 sessions at 0.91): a card that
-/// already runs `SMALL_BATCHES_PER_CARD` takes another only when `waiting`
-/// holds `full` sequences. `None`: nothing starts now.
-pub fn pick_idle(idle: &[usize], card: &[Option<usize>], waiting: usize, full: usize) -> Option<usize> {
+/// already runs `SMALL_BATCHES_PER_CARD` takes another only when `share`
+/// (what waits is worth a batch beside the others: see `worth_sharing`).
+/// `None`: nothing starts now.
+pub fn pick_idle(idle: &[usize], card: &[Option<usize>], share: bool) -> Option<usize> {
     let running = |d: usize| card[d].map_or(0, |c| (0..card.len()).filter(|&o| card[o] == Some(c) && !idle.contains(&o)).count());
     // Among equals the device freed last, whose caches are warm.
     let (slot, busy) = idle.iter().enumerate().rev().map(|(slot, &d)| (slot, running(d))).min_by_key(|&(_, busy)| busy)?;
-    (busy < SMALL_BATCHES_PER_CARD || waiting >= full).then_some(slot)
+    (busy < SMALL_BATCHES_PER_CARD || share).then_some(slot)
+}
+
+/// Whether what waits deserves a batch beside others on a busy card: a full
+/// batch (`full_rows`), or the rest of a request whose other sequences are
+/// already running. Bulk requests' last sequences would otherwise wait for
+/// the card while their requests, and the clients behind them, wait too.
+pub fn worth_sharing(waiting: usize, full: usize, rest_of_a_running_request: bool) -> bool {
+    waiting >= full || rest_of_a_running_request
 }
 
 #[cfg(test)]
@@ -312,11 +326,12 @@ mod tests {
         // Four sessions on card 0, two on card 1, one CPU engine.
         let card = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(1), None];
         // Card 0 runs two (devices 0 and 1); card 1 runs one (device 4); the CPU engine is idle.
-        assert_eq!(pick_idle(&[2, 3, 5], &card, 1, 64), Some(2), "device 5: its card runs one");
-        assert_eq!(pick_idle(&[2, 3], &card, 1, 64), None, "card 0 runs two and little waits");
-        assert_eq!(pick_idle(&[2, 3], &card, 64, 64), Some(1), "a full batch waits: a third starts, on the device freed last");
-        assert_eq!(pick_idle(&[6, 2, 3], &card, 1, 64), Some(0), "a CPU engine never waits for a card");
-        assert_eq!(pick_idle(&[], &card, 100, 64), None);
+        assert_eq!(pick_idle(&[2, 3, 5], &card, false), Some(2), "device 5: its card runs one");
+        assert_eq!(pick_idle(&[2, 3], &card, false), None, "card 0 runs two and little waits");
+        assert_eq!(pick_idle(&[2, 3], &card, true), Some(1), "worth a batch: a third starts, on the device freed last");
+        assert_eq!(pick_idle(&[6, 2, 3], &card, false), Some(0), "a CPU engine never waits for a card");
+        assert_eq!(pick_idle(&[], &card, true), None);
+        assert!(worth_sharing(64, 64, false) && worth_sharing(1, 64, true) && !worth_sharing(63, 64, false));
     }
 
     #[test]

@@ -7,6 +7,8 @@
 # assembles them, prepares the models with the machine's own Python, and
 # writes everything to $OUT.
 # A dry run on a CPU machine: EEANE_CUDA_DEVICE=cpu bash tests/gpu/cuda.sh
+# EEANE_CUDA_NO_TORCH=1 leaves torch and the reference out (a setup for
+# measurements that need neither).
 set -uo pipefail
 OUT=${OUT:-/tmp/eeane-cuda-out}
 root=/tmp/eeane-cuda
@@ -56,7 +58,7 @@ cp "$model_dir"/{config.json,tokenizer.json} "$model_dir.torch/"
 
 # torch in process, and the independent fp32 reference.
 only=""; [ "$device" = cpu ] && only=--reference-only
-$py tests/gpu/torch_peer.py "$root/texts.json" "$model_dir.torch" "$root/cache/models/all-minilm-l6-v2/model.onnx" "$root/run" $only > "$OUT/torch.json" 2> /tmp/torch.err
+[ -n "${EEANE_CUDA_NO_TORCH:-}" ] || $py tests/gpu/torch_peer.py "$root/texts.json" "$model_dir.torch" "$root/cache/models/all-minilm-l6-v2/model.onnx" "$root/run" $only > "$OUT/torch.json" 2> /tmp/torch.err
 echo "torch exit $?"; cat "$OUT/torch.json"; tail -5 /tmp/torch.err
 
 model() {  # id, file, precision, device list, extra

@@ -18,12 +18,15 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/eeane-cuda-out}
 root=/tmp/eeane-cuda
-eeane=$root/eeane
+# EEANE_BIN: another build to measure (an A/B in one call), its output
+# files named with LOAD_NAME; LOAD_WAIT_WARM=0 for a build that warms at load.
+eeane=${EEANE_BIN:-$root/eeane}
+name=${LOAD_NAME:-}
 device=cuda:H200
 seconds=${LOAD_SECONDS:-15}
 mkdir -p "$OUT"
 export EEANE_CACHE_DIR=$root/cache
-[ -f .cuda/bin/eeane.xz ] && xz -dc .cuda/bin/eeane.xz > "$eeane" && chmod +x "$eeane"
+[ -z "${EEANE_BIN:-}" ] && [ -f .cuda/bin/eeane.xz ] && xz -dc .cuda/bin/eeane.xz > "$eeane" && chmod +x "$eeane"
 [ -x "$eeane" ] || { echo "run EEANE_CUDA_SETUP_ONLY=1 bash tests/gpu/cuda.sh first"; exit 3; }
 command -v wrk > /dev/null || { echo "wrk is missing on this machine"; exit 3; }
 ulimit -n 65536 2>/dev/null
@@ -87,16 +90,16 @@ for layout in "x8-thread|[$eight]|isolation = \"thread\"" "x4-thread|[$four]|iso
   IFS='|' read -r tag devices extra <<< "$layout"
   has "$steps" load && has "$layouts" "$tag" || continue
   { header 7991; entry "minilm-$tag" "$devices" "$extra"; } > "$root/load-$tag.toml"
-  "$eeane" serve --config "$root/load-$tag.toml" > "$OUT/load-$tag-server.log" 2>&1 &
+  "$eeane" serve --config "$root/load-$tag.toml" > "$OUT/load-$tag$name-server.log" 2>&1 &
   server=$!
   wait_port 7991
   start=$(date +%s.%N)
   curl -s -o /dev/null -w "%{http_code}" -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"cold\"}" localhost:7991/v1/embeddings > /dev/null
-  echo "$tag: first answer after a cold start $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s" | tee -a "$OUT/load.txt"
+  echo "$tag$name: first answer after a cold start $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s" | tee -a "$OUT/load.txt"
   sessions=$(grep -o '"cuda' <<< "$devices" | wc -l)
-  for _ in $(seq 600); do [ "$(grep -c 'every GPU batch shape has run once' "$OUT/load-$tag-server.log")" -ge "$sessions" ] && break; sleep 0.2; done
-  echo "$tag: every shape warmed on all $sessions sessions $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s after the cold start" | tee -a "$OUT/load.txt"
-  LOAD_SECONDS=$seconds bash tests/gpu/load.sh http://127.0.0.1:7991 "minilm-$tag" "$root/texts.json" "$OUT/load-$tag.json" 2>&1 | tee -a "$OUT/load.txt"
+  for _ in $(seq 600); do [ "${LOAD_WAIT_WARM:-1}" = 0 ] || [ "$(grep -c 'every GPU batch shape has run once' "$OUT/load-$tag$name-server.log")" -ge "$sessions" ] && break; sleep 0.2; done
+  echo "$tag$name: every shape warmed on all $sessions sessions $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s after the cold start" | tee -a "$OUT/load.txt"
+  LOAD_SECONDS=$seconds bash tests/gpu/load.sh http://127.0.0.1:7991 "minilm-$tag" "$root/texts.json" "$OUT/load-$tag$name.json" 2>&1 | tee -a "$OUT/load.txt"
   curl -s -o /dev/null -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"x\", \"keep_alive\": 0}" localhost:7991/v1/embeddings
   sleep 3
   echo "$tag: VRAM after unload $(nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -n 1)" | tee -a "$OUT/load.txt"
