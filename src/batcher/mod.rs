@@ -481,6 +481,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
     let cards: Vec<Option<usize>> =
         devices.iter().map(|d| d.card.as_ref().map(|c| devices.iter().position(|o| o.card.as_ref() == Some(c)).unwrap_or(0))).collect();
     let full = full_rows(&pipeline.policy);
+    let shared_cards = cards.iter().any(Option::is_some);
     let mut held_for_card = false;
     loop {
         let event = if let Some(wait) = fill_wait.take() {
@@ -539,7 +540,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
         }
         loop {
             let waiting = pool.waiting();
-            let share = cards.iter().any(Option::is_some) && worth_sharing(waiting, full, active.iter().any(|(&id, a)| a.started && pool.holds(id)));
+            let share = shared_cards && worth_sharing(waiting, full, active.iter().any(|(&id, a)| a.started && pool.holds(id)));
             let Some(slot) = pick_idle(&idle, &cards, share) else {
                 // Idle sessions wait for their card, until an answer or new jobs.
                 held_for_card = !pool.is_empty();

@@ -30,6 +30,11 @@ impl ListedDevice {
         Self { name: name.into(), uuid: None, bus_id: None }
     }
 
+    /// A GPU as NVML lists it: name, UUID and PCI bus id.
+    pub fn identified(name: impl Into<String>, uuid: impl Into<String>, bus_id: impl Into<String>) -> Self {
+        Self { name: name.into(), uuid: Some(uuid.into()), bus_id: Some(bus_id.into()) }
+    }
+
     /// `"NVIDIA H200" (GPU-8a1f..., 00000000:41:00.0)`: how errors list it.
     pub fn describe(&self) -> String {
         let ids: Vec<&str> = [self.uuid.as_deref(), self.bus_id.as_deref()].into_iter().flatten().collect();
@@ -183,14 +188,16 @@ mod tests {
 
     /// Four identical cards and one other, as NVML lists them on an 8-way host's half.
     fn host() -> Vec<ListedDevice> {
-        let card = |name: &str, uuid: &str, bus: &str| ListedDevice { name: name.into(), uuid: Some(uuid.into()), bus_id: Some(bus.into()) };
-        vec![
-            card("NVIDIA H200", "GPU-8a1f0c2e-1111-2222-3333-444455556666", "00000000:18:00.0"),
-            card("NVIDIA H200", "GPU-8a2b9d01-aaaa-bbbb-cccc-ddddeeeeffff", "00000000:2A:00.0"),
-            card("NVIDIA H200", "GPU-c03e7f55-0000-1111-2222-333344445555", "00000000:3A:00.0"),
-            card("NVIDIA H200", "GPU-d4f1a6b2-9999-8888-7777-666655554444", "00000000:5D:00.0"),
-            card("NVIDIA RTX A2000", "GPU-77aa11bb-1234-5678-9abc-def012345678", "00000000:AB:00.0"),
+        [
+            ("NVIDIA H200", "GPU-8a1f0c2e-1111-2222-3333-444455556666", "00000000:18:00.0"),
+            ("NVIDIA H200", "GPU-8a2b9d01-aaaa-bbbb-cccc-ddddeeeeffff", "00000000:2A:00.0"),
+            ("NVIDIA H200", "GPU-c03e7f55-0000-1111-2222-333344445555", "00000000:3A:00.0"),
+            ("NVIDIA H200", "GPU-d4f1a6b2-9999-8888-7777-666655554444", "00000000:5D:00.0"),
+            ("NVIDIA RTX A2000", "GPU-77aa11bb-1234-5678-9abc-def012345678", "00000000:AB:00.0"),
         ]
+        .into_iter()
+        .map(|(name, uuid, bus)| ListedDevice::identified(name, uuid, bus))
+        .collect()
     }
 
     fn message(r: Result<impl std::fmt::Debug, EngineError>) -> String {

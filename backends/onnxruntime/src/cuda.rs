@@ -175,7 +175,7 @@ pub fn gpus() -> Result<Vec<Gpu>, EngineError> {
 
 /// The GPUs as the device pins read them: name, UUID, PCI bus id.
 fn listed(gpus: &[Gpu]) -> Vec<ListedDevice> {
-    gpus.iter().map(|g| ListedDevice { name: g.name.clone(), uuid: Some(g.uuid.clone()), bus_id: Some(g.pci_bus_id.clone()) }).collect()
+    gpus.iter().map(|g| ListedDevice::identified(&g.name, &g.uuid, &g.pci_bus_id)).collect()
 }
 
 /// What follows `cuda:` in a device.
@@ -411,14 +411,11 @@ mod tests {
 
     /// Four H200s and an A2000, as NVML lists them.
     fn host() -> Vec<ListedDevice> {
-        let card = |name: &str, uuid: &str, bus: &str| ListedDevice { name: name.into(), uuid: Some(uuid.into()), bus_id: Some(bus.into()) };
-        vec![
-            card("NVIDIA H200", "GPU-1111", "00000000:18:00.0"),
-            card("NVIDIA H200", "GPU-2222", "00000000:2A:00.0"),
-            card("NVIDIA H200", "GPU-3333", "00000000:3A:00.0"),
-            card("NVIDIA H200", "GPU-4444", "00000000:5D:00.0"),
-            card("NVIDIA RTX A2000", "GPU-5555", "00000000:AB:00.0"),
-        ]
+        [("GPU-1111", "18"), ("GPU-2222", "2A"), ("GPU-3333", "3A"), ("GPU-4444", "5D")]
+            .into_iter()
+            .map(|(uuid, bus)| ListedDevice::identified("NVIDIA H200", uuid, format!("00000000:{bus}:00.0")))
+            .chain([ListedDevice::identified("NVIDIA RTX A2000", "GPU-5555", "00000000:AB:00.0")])
+            .collect()
     }
 
     #[test]
