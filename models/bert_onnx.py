@@ -320,8 +320,8 @@ DENSE_ACTIVATIONS = {
 
 def append_pooling_and_dense(model, pooling, dense):
     """Ends a graph whose first output is token states [B, S, H] in
-    sentence-transformers' pooling ("mean" over the attention mask, or
-    "cls") and its Dense modules, each (weight [out, in], bias or None, torch
+    sentence-transformers' pooling ("mean" over the attention mask, "cls",
+    or "last_token" of right-padded rows) and its Dense modules, each (weight [out, in], bias or None, torch
     activation class), in order: the output becomes sentence_embedding
     [B, out]. Normalization stays outside (eeane's `normalize`)."""
     graph = model.graph
@@ -353,8 +353,12 @@ def append_pooling_and_dense(model, pooling, dense):
         x = node("Div", [summed, count])
     elif pooling == "cls":
         x = node("Gather", [states, const("first", np.array(0, np.int64))], axis=1)
+    elif pooling == "last_token":
+        # Each right-padded row's last real token: index sum(mask) - 1.
+        length = node("ReduceSum", ["attention_mask", const("axis", np.array([1], np.int64))], keepdims=1)
+        x = node("GatherND", [states, node("Sub", [length, const("one", np.array(1, np.int64))])], batch_dims=1)
     else:
-        raise SystemExit(f"pooling {pooling!r} with a Dense module: eeane applies Dense modules after mean or cls pooling")
+        raise SystemExit(f"pooling {pooling!r} in the graph: eeane pools there by mean, cls or last token")
     width = None
     for weight, bias, activation in dense:
         if activation not in DENSE_ACTIVATIONS:
@@ -379,7 +383,12 @@ def numpy_pooling_and_dense(states, mask, pooling, dense):
     """The same tail in float64: states [B, S, H], mask [B, S]."""
     states = np.asarray(states, np.float64)
     mask = np.asarray(mask, np.float64)[:, :, None]
-    x = (states * mask).sum(1) / np.maximum(mask.sum(1), 1e-9) if pooling == "mean" else states[:, 0]
+    if pooling == "mean":
+        x = (states * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+    elif pooling == "last_token":
+        x = states[np.arange(len(states)), mask[:, :, 0].sum(1).astype(np.int64) - 1]
+    else:
+        x = states[:, 0]
     activations = {None: lambda v: v, "Tanh": np.tanh, "Relu": lambda v: np.maximum(v, 0), "Sigmoid": lambda v: 1 / (1 + np.exp(-v)),
                    "gelu": lambda v: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))}
     for weight, bias, activation in dense:

@@ -158,10 +158,15 @@ def _lm_rows(weights, cfg, ids):
     return np.stack([np.asarray(table[i], np.float64) for i in ids])
 
 
-def build_graph(weights, cfg, data=None, score_tokens=None):
+def build_graph(weights, cfg, data=None, score_tokens=None, fused=False):
     """The graph of `weights` (any mapping of name to array, read as the
     builder goes); with `data` (graph_builder.ExternalData), its large
     initializers written to that file as they are made.
+
+    With `fused`, the form for ONNX Runtime's GPU kernels (gpu_graph.py):
+    RMSNorm as SimplifiedLayerNormalization, states kept [B, S, heads, d]
+    (no transposes), and one fused attention operator per layer
+    (GraphBuilder.fused_attention): the same network, the same vectors.
 
     With `score_tokens` (true id, false id or None), a reranker that is a
     language model (Qwen3-Reranker): the output is `logits` [B, 1], the
@@ -181,19 +186,22 @@ def build_graph(weights, cfg, data=None, score_tokens=None):
         y = node("MatMul", [x, weight(prefix + ".weight", transpose=True)])
         return node("Add", [y, weight(prefix + ".bias")]) if p + prefix + ".bias" in weights else y
 
-    eps = const("eps", np.array(s["eps"], np.float32))
+    eps = None if fused else const("eps", np.array(s["eps"], np.float32))
 
     def rms_norm(x, name):
+        if fused:
+            return builder.rms_norm_op(x, name, s["eps"], plus_one=s["gemma_norm"])
         mean_square = node("ReduceMean", [node("Mul", [x, x])], axes=[-1], keepdims=1)
         return node("Mul", [node("Div", [x, node("Sqrt", [node("Add", [mean_square, eps])])]), weight(name, plus_one=s["gemma_norm"])])
 
-    tables = {theta: builder.rope_tables(theta, hd) for theta in sorted(set(s["layer_rope"]))}
-    # Windows in layer order (not a set's): the same graph every run.
-    biases = {window: builder.attention_bias(s["causal"], window) for window in dict.fromkeys(s["layer_window"])}
+    tables = {theta: builder.rope_tables(theta, hd, heads_axis=fused) for theta in sorted(set(s["layer_rope"]))}
+    # Windows in layer order (not a set's): the same graph every run. A
+    # fused causal layer needs none (GroupQueryAttention reads lengths).
+    biases = {} if fused and s["causal"] else {window: builder.attention_bias(s["causal"], window) for window in dict.fromkeys(s["layer_window"])}
 
     q_shape = const("q_shape", np.array([0, 0, heads, hd], np.int64))
     kv_shape = const("kv_shape", np.array([0, 0, kv_heads, hd], np.int64))
-    scale = const("scale", np.array(s["scale"], np.float32))
+    scale = None if fused else const("scale", np.array(s["scale"], np.float32))
     merge = const("merge", np.array([0, 0, heads * hd], np.int64))
 
     def repeat(t):
@@ -210,25 +218,9 @@ def build_graph(weights, cfg, data=None, score_tokens=None):
     if s["gemma_norm"]:
         # GemmaTextScaledWordEmbedding: sqrt(hidden), rounded to the weights' dtype (float32 here).
         x = node("Mul", [x, const("embed_scale", np.array(math.sqrt(hidden), np.float32))])
-    for i in range(s["layers"]):
-        lp = f"layers.{i}"
-        h = rms_norm(x, lp + ".input_layernorm.weight")
-        q = node("Reshape", [linear(h, lp + ".self_attn.q_proj"), q_shape])
-        k = node("Reshape", [linear(h, lp + ".self_attn.k_proj"), kv_shape])
-        v = node("Reshape", [linear(h, lp + ".self_attn.v_proj"), kv_shape])
-        if s["qk_norm"]:
-            q = rms_norm(q, lp + ".self_attn.q_norm.weight")
-            k = rms_norm(k, lp + ".self_attn.k_norm.weight")
-        rope = tables[s["layer_rope"][i]]
-        q = builder.rope(node("Transpose", [q], perm=[0, 2, 1, 3]), rope, hd)
-        k = builder.rope(node("Transpose", [k], perm=[0, 2, 1, 3]), rope, hd)
-        v = node("Transpose", [v], perm=[0, 2, 1, 3])
-        if group > 1:
-            k, v = repeat(k), repeat(v)
-        scores = node("Mul", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])]), scale])
-        scores = node("Add", [scores, biases[s["layer_window"][i]]])
-        context = node("MatMul", [node("Softmax", [scores], axis=-1), v])
-        context = node("Reshape", [node("Transpose", [context], perm=[0, 2, 1, 3]), merge])
+    def layer_rest(x, context, lp):
+        """The layer after attention: the output projection, the residual,
+        the norms and the gated MLP."""
         attended = linear(context, lp + ".self_attn.o_proj")
         if s["sandwich"]:
             attended = rms_norm(attended, lp + ".post_attention_layernorm.weight")
@@ -245,7 +237,37 @@ def build_graph(weights, cfg, data=None, score_tokens=None):
         mlp = linear(node("Mul", [activated, linear(h, lp + ".mlp.up_proj")]), lp + ".mlp.down_proj")
         if s["sandwich"]:
             mlp = rms_norm(mlp, lp + ".post_feedforward_layernorm.weight")
-        x = node("Add", [x, mlp])
+        return node("Add", [x, mlp])
+
+    kv_merge = const("kv_merge", np.array([0, 0, kv_heads * hd], np.int64)) if fused else None
+    for i in range(s["layers"]):
+        lp = f"layers.{i}"
+        h = rms_norm(x, lp + ".input_layernorm.weight")
+        q = node("Reshape", [linear(h, lp + ".self_attn.q_proj"), q_shape])
+        k = node("Reshape", [linear(h, lp + ".self_attn.k_proj"), kv_shape])
+        v = node("Reshape", [linear(h, lp + ".self_attn.v_proj"), kv_shape])
+        if s["qk_norm"]:
+            q = rms_norm(q, lp + ".self_attn.q_norm.weight")
+            k = rms_norm(k, lp + ".self_attn.k_norm.weight")
+        rope = tables[s["layer_rope"][i]]
+        window = s["layer_window"][i]
+        if fused:
+            # [B, S, heads, d] throughout: RoPE on the last axis, then one operator.
+            q = node("Reshape", [builder.rope(q, rope, hd), merge])
+            k = node("Reshape", [builder.rope(k, rope, hd), kv_merge])
+            context = builder.fused_attention(q, k, node("Reshape", [v, kv_merge]), heads, kv_heads, hd, s["scale"], s["causal"], window,
+                                              biases.get(window))
+        else:
+            q = builder.rope(node("Transpose", [q], perm=[0, 2, 1, 3]), rope, hd)
+            k = builder.rope(node("Transpose", [k], perm=[0, 2, 1, 3]), rope, hd)
+            v = node("Transpose", [v], perm=[0, 2, 1, 3])
+            if group > 1:
+                k, v = repeat(k), repeat(v)
+            scores = node("Mul", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])]), scale])
+            scores = node("Add", [scores, biases[window]])
+            context = node("MatMul", [node("Softmax", [scores], axis=-1), v])
+            context = node("Reshape", [node("Transpose", [context], perm=[0, 2, 1, 3]), merge])
+        x = layer_rest(x, context, lp)
     states = rms_norm(x, "norm.weight")
     if score_tokens is None:
         nodes.append(helper.make_node("Identity", [states], ["last_hidden_state"]))

@@ -16,6 +16,12 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+MICROSOFT = "com.microsoft"
+# The model property listing the nodes an fp16 copy keeps in fp32.
+FP32_NODES_KEY = "eeane_fp32_nodes"
+# ONNX Runtime's own operators that it registers in ONNX's domain.
+RUNTIME_ONNX_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
+
 # safetensors' dtypes as numpy reads them; BF16 is read as uint16 and widened
 # to float32 (exactly: bfloat16 is float32's upper half).
 SAFETENSORS_DTYPES = {
@@ -197,6 +203,10 @@ class GraphBuilder:
         self.data = data
         self.inits, self.nodes = [], []
         self.count = 0
+        # Nodes whose results an fp16 copy of the graph must compute in fp32
+        # (the RoPE angles: position x frequency reaches hundreds of radians,
+        # where fp16 keeps a quarter of a radian).
+        self.fp32_nodes = []
 
     def const(self, name, array):
         array = np.asarray(array)
@@ -211,10 +221,14 @@ class GraphBuilder:
             array = array + np.float32(1.0)
         return self.const(name, array.T.copy() if transpose else array)
 
-    def node(self, op, inputs, **attrs):
+    def node(self, op, inputs, domain=None, outputs=1, **attrs):
+        """One node named by its op and a counter; its result (or, with
+        `outputs` > 1, the first of its results; the others are named
+        `{name}_1`...). `domain` "com.microsoft" for ONNX Runtime's own ops."""
         self.count += 1
         out = f"{op.lower()}_{self.count}"
-        self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        names = [out] + [f"{out}_{i}" for i in range(1, outputs)]
+        self.nodes.append(helper.make_node(op, inputs, names, name=out, domain=domain, **attrs))
         return out
 
     def constant(self, stem, array):
@@ -232,9 +246,17 @@ class GraphBuilder:
         int_input = lambda n: helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
         graph = helper.make_graph(self.nodes, name, [int_input("input_ids"), int_input("attention_mask")],
                                   [helper.make_tensor_value_info(output, TensorProto.FLOAT, output_shape)], initializer=self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="eeane-models")
+        opsets = [helper.make_opsetid("", opset)]
+        runtime_ops = has_runtime_ops(graph)
+        if any(n.domain == MICROSOFT for n in self.nodes):
+            opsets.append(helper.make_opsetid(MICROSOFT, 1))
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="eeane-models")
         model.ir_version = 8
-        if self.data is None:
+        if self.fp32_nodes and runtime_ops:
+            helper.set_model_props(model, {FP32_NODES_KEY: ",".join(self.fp32_nodes)})
+        # ONNX's checker knows no runtime's own operators: ONNX Runtime
+        # loading the graph is the check of those (prepare's checks run it).
+        if self.data is None and not runtime_ops:
             onnx.checker.check_model(model)
         return model
 
@@ -264,13 +286,74 @@ class GraphBuilder:
                                                   self.constant("one", np.array(1, np.int64))])
         return self._positions
 
-    def rope_tables(self, theta, head_dim):
-        """cos and sin [S, head_dim] of positions 0..S-1 at `theta` (rotate-half layout)."""
+    def rope_tables(self, theta, head_dim, heads_axis=False):
+        """cos and sin [S, head_dim] of positions 0..S-1 at `theta` (rotate-half
+        layout); with `heads_axis`, [S, 1, head_dim], for states laid out
+        [B, S, heads, head_dim]. Kept in fp32 by an fp16 copy (`fp32_nodes`)."""
+        first = len(self.nodes)
         positions = self.node("Cast", [self.positions()], to=TensorProto.FLOAT)
         freqs = self.node("MatMul", [self.node("Unsqueeze", [positions, self.constant("axis", np.array([1], np.int64))]),
                                      self.constant("inv_freq", inverse_frequencies(theta, head_dim).astype(np.float32).reshape(1, -1))])
         angles = self.node("Concat", [freqs, freqs], axis=-1)
-        return self.node("Cos", [angles]), self.node("Sin", [angles])
+        if heads_axis:
+            angles = self.node("Unsqueeze", [angles, self.constant("axis", np.array([1], np.int64))])
+        tables = self.node("Cos", [angles]), self.node("Sin", [angles])
+        self.fp32_nodes += [n.name for n in self.nodes[first:]]
+        return tables
+
+    def rms_norm_op(self, x, weight_name, eps, plus_one=False):
+        """RMSNorm as ONNX Runtime's SimplifiedLayerNormalization (its
+        sums in fp32 whatever the input's type; the form ONNX Runtime's own
+        decoder exports use)."""
+        return self.node("SimplifiedLayerNormalization", [x, self.weight(weight_name, plus_one=plus_one)], axis=-1, epsilon=eps,
+                         stash_type=1)
+
+    def key_lengths_minus_one(self):
+        """GroupQueryAttention's seqlens_k (int32 [B]: each right-padded
+        row's real tokens less one) and total_sequence_length (int32 S)."""
+        if not hasattr(self, "_gqa_lengths"):
+            real = self.node("ReduceSum", ["attention_mask", self.constant("axis", np.array([1], np.int64))], keepdims=0)
+            last = self.node("Sub", [real, self.constant("one", np.array(1, np.int64))])
+            self._gqa_lengths = (self.node("Cast", [last], to=TensorProto.INT32), self.node("Cast", [self.sequence_length()], to=TensorProto.INT32))
+        return self._gqa_lengths
+
+    def fused_attention(self, q, k, v, heads, kv_heads, head_dim, scale, causal, window, bias):
+        """One fused attention operator of ONNX Runtime over q [B, S, heads *
+        head_dim] and k, v [B, S, kv_heads * head_dim], RoPE already applied;
+        returns [B, S, heads * head_dim]. Causal layers (a window `("before",
+        w)` or none) run GroupQueryAttention, which takes right-padded rows by
+        their lengths and the grouped heads as they are (flash attention on
+        the GPU); bidirectional layers run MultiHeadAttention with `bias`
+        (`attention_bias`: padding and window), the key and value heads
+        repeated for their query groups."""
+        if causal:
+            if window is not None and window[0] != "before":
+                raise SystemExit(f"a causal layer with a {window[0]!r} window has no fused form")
+            seqlens, total = self.key_lengths_minus_one()
+            attrs = {"local_window_size": int(window[1])} if window is not None else {}
+            return self.node("GroupQueryAttention", [q, k, v, "", "", seqlens, total], domain=MICROSOFT, outputs=3,
+                             num_heads=heads, kv_num_heads=kv_heads, scale=float(scale), **attrs)
+        group = heads // kv_heads
+        if group > 1:
+            split = self.constant("kv_split", np.array([0, 0, kv_heads, 1, head_dim], np.int64))
+            target = self.node("Concat", [self.node("Slice", [self.node("Shape", [k]), self.constant("s0", np.array([0], np.int64)),
+                                                              self.constant("s2", np.array([2], np.int64))]),
+                                          self.constant("grouped", np.array([kv_heads, group, head_dim], np.int64))], axis=0)
+            merged = self.constant("kv_merged", np.array([0, 0, heads * head_dim], np.int64))
+            k, v = (self.node("Reshape", [self.node("Expand", [self.node("Reshape", [t, split]), target]), merged]) for t in (k, v))
+        return self.node("MultiHeadAttention", [q, k, v, "", "", self.square_bias(bias)], domain=MICROSOFT, num_heads=heads,
+                         scale=float(scale))
+
+    def square_bias(self, bias):
+        """`bias` ([B, 1, 1, S] where only padding masks keys) as the
+        [B, 1, S, S] that MultiHeadAttention's attention_bias must be."""
+        if not hasattr(self, "_square"):
+            self._square = {}
+        if bias not in self._square:
+            length = self.node("Unsqueeze", [self.sequence_length(), self.constant("axis", np.array([0], np.int64))])
+            shape = self.node("Concat", [self.constant("ones", np.array([1, 1], np.int64)), length, length], axis=0)
+            self._square[bias] = self.node("Expand", [bias, shape])
+        return self._square[bias]
 
     def rope(self, x, tables, head_dim):
         """RoPE on x [..., S, head_dim]: x * cos + rotate_half(x) * sin."""
@@ -351,3 +434,10 @@ def gelu_tanh(x):
 
 def gelu_exact(x):
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def has_runtime_ops(graph_or_model):
+    """Whether a graph uses ONNX Runtime's own operators, which ONNX's
+    checker does not know (ONNX Runtime loading it is their check)."""
+    graph = getattr(graph_or_model, "graph", graph_or_model)
+    return any(n.domain == MICROSOFT or n.op_type in RUNTIME_ONNX_DOMAIN_OPS for n in graph.node)

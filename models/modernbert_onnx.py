@@ -74,8 +74,9 @@ def _prefix(weights):
     return "model." if "model.embeddings.tok_embeddings.weight" in weights else ""
 
 
-def build_graph(weights, cfg, data=None):
-    """As decoder_onnx.build_graph: `data` takes the large initializers."""
+def build_graph(weights, cfg, data=None, fused=False):
+    """As decoder_onnx.build_graph: `data` takes the large initializers;
+    `fused`, one MultiHeadAttention per layer over [B, S, heads, d] states."""
     s = shape(cfg)
     p = _prefix(weights)
     hidden, heads, hd, inter = s["hidden"], s["heads"], s["head_dim"], s["intermediate"]
@@ -101,25 +102,30 @@ def build_graph(weights, cfg, data=None):
             inputs.append(weight(name + ".bias"))
         return node("LayerNormalization", inputs, axis=-1, epsilon=s["eps"])
 
-    tables = {theta: builder.rope_tables(theta, hd) for theta in sorted(set(s["layer_rope"]))}
+    tables = {theta: builder.rope_tables(theta, hd, heads_axis=fused) for theta in sorted(set(s["layer_rope"]))}
     # Windows in layer order (not a set's): the same graph every run.
     biases = {window: builder.attention_bias(False, window) for window in dict.fromkeys(s["layer_window"])}
     heads_shape = const("heads_shape", np.array([0, 0, heads, hd], np.int64))
     merge = const("merge", np.array([0, 0, hidden], np.int64))
-    scale = const("scale", np.array(1.0 / math.sqrt(hd), np.float32))
+    scale = None if fused else const("scale", np.array(1.0 / math.sqrt(hd), np.float32))
 
     x = layer_norm(node("Gather", [weight("embeddings.tok_embeddings.weight"), "input_ids"]), "embeddings.norm")
     for i in range(s["layers"]):
         lp = f"layers.{i}"
         h = x if i == 0 else layer_norm(x, lp + ".attn_norm")
-        q, k, v = (node("Transpose", [node("Reshape", [linear(h, lp + ".attn.Wqkv", (j * hidden, (j + 1) * hidden)), heads_shape])],
-                        perm=[0, 2, 1, 3]) for j in range(3))
-        rope = tables[s["layer_rope"][i]]
-        q, k = builder.rope(q, rope, hd), builder.rope(k, rope, hd)
-        scores = node("Add", [node("Mul", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])]), scale]),
-                              biases[s["layer_window"][i]]])
-        context = node("MatMul", [node("Softmax", [scores], axis=-1), v])
-        context = node("Reshape", [node("Transpose", [context], perm=[0, 2, 1, 3]), merge])
+        rope, bias = tables[s["layer_rope"][i]], biases[s["layer_window"][i]]
+        if fused:
+            q, k = (node("Reshape", [builder.rope(node("Reshape", [linear(h, lp + ".attn.Wqkv", (j * hidden, (j + 1) * hidden)), heads_shape]),
+                                                  rope, hd), merge]) for j in range(2))
+            v = linear(h, lp + ".attn.Wqkv", (2 * hidden, 3 * hidden))
+            context = builder.fused_attention(q, k, v, heads, heads, hd, 1.0 / math.sqrt(hd), False, s["layer_window"][i], bias)
+        else:
+            q, k, v = (node("Transpose", [node("Reshape", [linear(h, lp + ".attn.Wqkv", (j * hidden, (j + 1) * hidden)), heads_shape])],
+                            perm=[0, 2, 1, 3]) for j in range(3))
+            q, k = builder.rope(q, rope, hd), builder.rope(k, rope, hd)
+            scores = node("Add", [node("Mul", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])]), scale]), bias])
+            context = node("MatMul", [node("Softmax", [scores], axis=-1), v])
+            context = node("Reshape", [node("Transpose", [context], perm=[0, 2, 1, 3]), merge])
         x = node("Add", [x, linear(context, lp + ".attn.Wo")])
         h = layer_norm(x, lp + ".mlp_norm")
         value, gate = linear(h, lp + ".mlp.Wi", (0, inter)), linear(h, lp + ".mlp.Wi", (inter, 2 * inter))

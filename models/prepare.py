@@ -1127,7 +1127,7 @@ def build_into(folder, build_graph, weights, cfg, fp32_bytes, **options):
         if data:
             data.close()
     onnx.save_model(model, folder / "model.onnx")
-    if data:
+    if data and not graph_builder.has_runtime_ops(model):
         onnx.checker.check_model(str(folder / "model.onnx"))
     return folder / "model.onnx"
 
@@ -1164,7 +1164,7 @@ def publish(build, out, source, checks, parameters=None):
     write_manifest(out, source, checks, parameters)
 
 
-def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_file=None):
+def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_file=None, cuda_fp16=False):
     """A Hub repository's snapshot (`eeane pull hf:...`) to `{cache}/models/NAME`:
     its own onnx/model.onnx (and external data) when it ships one, checked to
     run; else the graph built from its safetensors (one file or an index's
@@ -1174,13 +1174,16 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
     that are language models) and checked against the float64 numpy network
     before it is published. Everything is made in NAME/.build and moved into
     NAME only once checked (`publish`): an interrupted or refused run leaves
-    nothing that is served."""
+    nothing that is served. With `cuda_fp16`, the GPU's graph too
+    (gpu_graph.py: model.fp16.onnx, or the reason there is none)."""
     import torch_bin
 
     snapshot = Path(snapshot)
     out = cache / "models" / name
-    recorded = json.loads((out / "manifest.json").read_text())["source"] if manifest_is_current(out) else {}
-    if {"hub": recorded.get("hub"), "inferred": recorded.get("inferred")} == {"hub": source, "inferred": settings}:
+    manifest = json.loads((out / "manifest.json").read_text()) if manifest_is_current(out) else {}
+    recorded = manifest.get("source", {})
+    has_gpu_graph = "cuda_fp16" in manifest.get("checks", {})
+    if {"hub": recorded.get("hub"), "inferred": recorded.get("inferred")} == {"hub": source, "inferred": settings} and has_gpu_graph >= cuda_fp16:
         print(f"{name}: up to date in {out}")
         return
     # PyTorch weights only: converted to safetensors in a folder of their
@@ -1198,12 +1201,30 @@ def onnx_from_hub_snapshot(cache, snapshot, name, source, settings=None, onnx_fi
         build.mkdir()
         try:
             checks, parameters = _onnx_from_hub_snapshot(build, snapshot, weights_folder, name, settings, onnx_file)
+            if cuda_fp16:
+                checks["cuda_fp16"] = gpu_graph_of(build, snapshot, weights_folder, settings, onnx_file)
             publish(build, out, {"hub": source, "inferred": settings, **torch_bin.provenance(converted)}, checks, parameters)
         finally:
             shutil.rmtree(build, ignore_errors=True)
     finally:
         shutil.rmtree(converted_dir, ignore_errors=True)
     print(f"{name}: ready in {out}")
+
+
+def gpu_graph_of(build, snapshot, weights_folder, settings, onnx_file):
+    """build/model.fp16.onnx for ONNX Runtime on the GPU (gpu_graph.py);
+    what the manifest's checks keep of it, or why there is none."""
+    import graph_builder
+    import gpu_graph
+
+    cfg = json.loads((snapshot / "config.json").read_text())
+    why = gpu_graph.why_not(cfg, settings, repository_onnx=bool(onnx_file) or (snapshot / "onnx" / "model.onnx").is_file())
+    if why:
+        print(f"no GPU graph: {why}")
+        return {"graph": None, "why": why}
+    fp32_bytes = 4 * graph_builder.open_checkpoint(weights_folder).parameters()
+    return gpu_graph.build(build, snapshot, weights_folder, cfg, settings, build / "tokenizer.json", fp32_bytes, CHECK_TEXTS, build_into,
+                           external_data_min_bytes())
 
 
 def _onnx_from_hub_snapshot(build, snapshot, weights_folder, name, settings, onnx_file):
@@ -1412,6 +1433,8 @@ def main():
     parser.add_argument("--onnx-file", help="with --hf-snapshot: the repository's ONNX variant to serve, checked against its fp32 graph")
     parser.add_argument("--settings", help="with --hf-snapshot: what eeane read from the repository (JSON), recorded in the manifest")
     parser.add_argument("--ncnn", action="store_true", help="with --hf-snapshot: convert to ncnn (from its safetensors) instead")
+    parser.add_argument("--cuda-fp16", action="store_true",
+                        help="with --hf-snapshot: also the GPU's graph (model.fp16.onnx: fused attention, fp16, pooled inside)")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     if args.hf_snapshot:
@@ -1421,7 +1444,7 @@ def main():
         if args.ncnn:
             ncnn_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source, settings)
         else:
-            onnx_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source, settings, args.onnx_file)
+            onnx_from_hub_snapshot(args.cache, args.hf_snapshot, args.name, args.source, settings, args.onnx_file, args.cuda_fp16)
         return
     if args.ncnn_from:
         if not args.name:

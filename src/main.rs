@@ -71,6 +71,11 @@ enum Command {
         /// served only within cosine 0.9999 of its fp32 graph.
         #[arg(long)]
         onnx_file: Option<String>,
+        /// With hf:...: the device it will serve on. On cuda:NAME the GPU's
+        /// graph is made too (fused attention, fp16), and the entry printed
+        /// says precision = "auto", which measures it against fp32 on the card.
+        #[arg(long)]
+        device: Option<String>,
     },
     /// List the models in the cache with their sizes, and the known ones not pulled.
     Models {
@@ -158,8 +163,8 @@ fn main() -> ExitCode {
             };
             with_config(config(CliOverrides::default()), |config| bench(config, options, kind))
         }
-        Command::Pull { name, list, download_only, index, engine, onnx_file } => {
-            let request = PullRequest { name, list, download_only, index, engine, onnx_file, from_config: cli.config.is_some() };
+        Command::Pull { name, list, download_only, index, engine, onnx_file, device } => {
+            let request = PullRequest { name, list, download_only, index, engine, onnx_file, device, from_config: cli.config.is_some() };
             pull(request, config(CliOverrides::default()))
         }
         Command::Models { prune } => models(prune, config(CliOverrides::default())),
@@ -247,6 +252,7 @@ struct PullRequest {
     index: Option<String>,
     engine: Option<String>,
     onnx_file: Option<String>,
+    device: Option<String>,
     /// `--config` was given: with no name, pull every `source` model it names.
     from_config: bool,
 }
@@ -263,8 +269,29 @@ fn pull(request: PullRequest, loaded: Result<Config, ConfigError>) -> ExitCode {
     };
     let pulled = if name.starts_with("hf:") {
         let engine = request.engine.unwrap_or_else(|| eeane::engines::default_engine().name().to_string());
+        let devices = match request.device.as_deref().map(|d| eeane_backend_core::Devices::new([d])).transpose() {
+            Ok(devices) => devices,
+            Err(e) => {
+                eprintln!("eeane pull: --device: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         eeane::pull::hf::Target::for_engine(&engine, request.onnx_file.as_deref())
-            .and_then(|target| eeane::pull::hf::pull(&name, &cache, request.download_only, &target, &eeane::pull::hf::bars()))
+            .map(|target| match &devices {
+                Some(devices) => target.with_device_graph(devices, true),
+                None => target,
+            })
+            .and_then(|target| {
+                let entry = eeane::pull::hf::pull(&name, &cache, request.download_only, &target, &eeane::pull::hf::bars())?;
+                Ok(match (&devices, target.device_graph, request.download_only) {
+                    (Some(devices), Some(_), false) => format!(
+                        "{entry}device = {:?}\nprecision = \"auto\"  # the fp32 graph and the GPU's fp16 graph, measured on the card at the first load\n",
+                        devices.first().as_str()
+                    ),
+                    (Some(devices), None, false) => format!("{entry}device = {:?}\n", devices.first().as_str()),
+                    _ => entry,
+                })
+            })
     } else {
         let index = request.index.unwrap_or_else(eeane::pull::default_index);
         eeane::pull::pull(&name, &eeane::pull::PullOptions { cache: cache.clone(), index, download_only: request.download_only })
@@ -355,7 +382,7 @@ fn pull_sources(config: &Config) -> ExitCode {
     let mut failed = 0;
     for m in config.models.iter().filter(|m| m.policy(&config.server) != eeane::config::LoadPolicy::Disabled) {
         let Some(source) = &m.source else { continue };
-        let target = eeane::pull::hf::Target::for_engine(&m.engine, m.onnx_file.as_deref());
+        let target = eeane::pull::hf::Target::for_engine(&m.engine, m.onnx_file.as_deref()).map(|t| t.with_device_graph(&m.device, m.auto_precision.is_some()));
         match target.and_then(|target| eeane::pull::hf::ensure_prepared(source, &config.cache_dir(), config.server.hub_downloads, &target)) {
             Ok(()) => eprintln!("{}: {source} ready in {}", m.id, m.model.path().display()),
             Err(e) => {

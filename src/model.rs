@@ -152,7 +152,8 @@ impl LoadedModel {
         if let Some(source) = config.source.clone() {
             // A Hub model's weights come (and are prepared) at its first load.
             let (cache, downloads) = (server.cache_dir(), server.server.hub_downloads);
-            let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref())?;
+            let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref())?
+                .with_device_graph(&config.device, config.auto_precision.is_some());
             blocking(&config.id, "Hub fetch", move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target)).await??;
         }
         let files = vec![config.model.path(), config.tokenizer.path()];

@@ -83,6 +83,9 @@ pub struct Candidate {
     pub keys: serde_json::Map<String, serde_json::Value>,
     /// Engines fed from the model's queue, each on its own share of the cores.
     pub engines: usize,
+    /// The graph pools (and applies any Dense modules) itself, so the
+    /// variant is served with pooling = "none" (the GPU's graph).
+    pub pooled_in_graph: bool,
 }
 
 impl Candidate {
@@ -212,13 +215,52 @@ pub fn int8_graph(fp32: &Path) -> Option<PathBuf> {
     ["int8", "quantized"].iter().map(|suffix| dir.join(format!("{stem}_{suffix}.onnx"))).find(|p| p.is_file())
 }
 
-/// The variants of `config` this build and this CPU offer, the reference
-/// first; and those not offered, with why.
+/// The GPU's fp16 graph beside the fp32 one (`{stem}.fp16.onnx`), when made.
+pub fn fp16_graph(fp32: &Path) -> Option<PathBuf> {
+    let stem = fp32.file_stem()?.to_str()?;
+    Some(fp32.with_file_name(format!("{stem}.fp16.onnx"))).filter(|p| p.is_file())
+}
+
+/// The checks that the prepared model's manifest (beside `fp32`) keeps of
+/// the graphs made beside it: each a graph's file name, or null with why.
+fn made_graphs(fp32: &Path) -> Vec<serde_json::Value> {
+    let manifest: Option<serde_json::Value> = std::fs::read(fp32.with_file_name("manifest.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let checks = manifest.and_then(|m| m.get("checks").and_then(|c| c.as_object()).cloned()).unwrap_or_default();
+    checks.into_values().filter(|c| c.get("graph").is_some() && c.get("why").or(c.get("pooling_in_graph")).is_some()).collect()
+}
+
+/// Whether the graph pools inside, as its prepared manifest says.
+fn pooled_in_graph(graph: &Path) -> bool {
+    let name = file_name(graph);
+    made_graphs(graph).iter().any(|c| c["graph"].as_str() == Some(name.as_str()) && c["pooling_in_graph"].is_string())
+}
+
+/// Why no fp16 graph sits beside `fp32`, in words.
+fn no_fp16_graph(fp32: &Path) -> String {
+    match made_graphs(fp32).iter().find_map(|c| c["graph"].is_null().then(|| c["why"].as_str().map(str::to_string)).flatten()) {
+        Some(why) => format!("no GPU graph was made: {why}"),
+        None => format!(
+            "no {} beside {} (a Hub model's is made when its entry is on a CUDA device with precision = \"auto\")",
+            file_name(&fp32.with_file_name(format!("{}.fp16.onnx", fp32.file_stem().unwrap_or_default().to_string_lossy()))),
+            file_name(fp32)
+        ),
+    }
+}
+
+/// The variants of `config` this build and this machine offer, the
+/// reference first; and those not offered, with why. On the CPU: each
+/// engine's precisions of the fp32 graph and of a quantized graph beside
+/// it; on a GPU: the fp32 graph and the GPU's fp16 graph beside it.
 pub fn candidates(config: &ModelConfig, cpu: &CpuFeatures) -> (Vec<Candidate>, Vec<Measured>) {
     let fp32 = config.model.path();
+    let on_cpu = config.device.all_cpu();
     let mut graphs = vec![(GraphKind::Float32, fp32.clone())];
-    if let Some(int8) = int8_graph(&fp32) {
+    if let Some(int8) = int8_graph(&fp32).filter(|_| on_cpu) {
         graphs.push((GraphKind::Int8, int8));
+    }
+    let fp16 = fp16_graph(&fp32).filter(|_| !on_cpu);
+    if let Some(fp16) = &fp16 {
+        graphs.push((GraphKind::Float16, fp16.clone()));
     }
     let engines: Vec<&'static dyn Backend> = match config.auto_precision {
         Some(AutoPrecision::ItsEngine) => crate::engines::find(&config.engine).into_iter().collect(),
@@ -230,17 +272,31 @@ pub fn candidates(config: &ModelConfig, cpu: &CpuFeatures) -> (Vec<Candidate>, V
             all
         }
     };
+    let offers = |engine: &dyn Backend, kind: GraphKind| if on_cpu { engine.cpu_precisions(kind, cpu) } else { engine.device_precisions(kind, &config.device) };
     let (mut offered, mut absent) = (Vec::new(), Vec::new());
     for engine in engines {
         if engine.unavailable().is_some() {
             continue;
         }
+        if fp16.is_none() && !on_cpu {
+            for offer in offers(engine, GraphKind::Float16) {
+                let row = Measured::unmeasured(label(engine.name(), offer.precision), String::new());
+                absent.push(Measured { not_measured: Some(no_fp16_graph(&fp32)), ..row });
+            }
+        }
         for (kind, graph) in &graphs {
-            for offer in engine.cpu_precisions(*kind, cpu) {
+            for offer in offers(engine, *kind) {
                 let graph_name = file_name(graph);
                 match offer.unavailable {
                     Some(why) => absent.push(Measured { not_measured: Some(why), ..Measured::unmeasured(label(engine.name(), offer.precision), graph_name) }),
-                    None => offered.push(Candidate { engine: engine.name(), precision: offer.precision, graph: graph.clone(), keys: offer.keys, engines: 1 }),
+                    None => offered.push(Candidate {
+                        engine: engine.name(),
+                        precision: offer.precision,
+                        graph: graph.clone(),
+                        keys: offer.keys,
+                        engines: 1,
+                        pooled_in_graph: pooled_in_graph(graph),
+                    }),
                 }
             }
         }
@@ -272,6 +328,9 @@ pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candida
         _ => Default::default(),
     };
     variant.auto_precision = None;
+    if candidate.pooled_in_graph {
+        variant.pooling = crate::config::Pooling::None;
+    }
     if candidate.engines > 1 {
         variant.device = config.device.repeated(candidate.engines);
     }
@@ -293,9 +352,11 @@ fn settings(config: &ModelConfig, server: &Config) -> String {
         .iter()
         .filter_map(|e| server.runtimes.library(e.name(), &Devices::cpu()).map(|p| format!("{} {}", e.name(), if p.is_file() { "present" } else { "absent" })))
         .collect();
-    // A survey measured on other check texts was gated on other texts.
+    // A survey measured on other check texts was gated on other texts; one
+    // on a GPU holds for that GPU (the CPU's surveys name none).
+    let device = if config.device.all_cpu() { String::new() } else { format!(", devices {:?}", config.device) };
     format!(
-        "check texts {}, threads {}, engine layouts [{}], max_batch {}, max_batch_tokens {}, max_tokens {}, buckets [{}], engine keys {}, runtimes [{}]",
+        "check texts {}, threads {}, engine layouts [{}], max_batch {}, max_batch_tokens {}, max_tokens {}, buckets [{}], engine keys {}, runtimes [{}]{device}",
         CHECK_TEXTS,
         config.threads,
         layouts(config).iter().map(usize::to_string).collect::<Vec<_>>().join(" "),
@@ -418,7 +479,7 @@ pub async fn load(config: &ModelConfig, server: &Config) -> Result<Loaded, Model
     }
     if config.source.is_some() {
         // A Hub model's files come at its first load: before any variant is looked for.
-        let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref())?;
+        let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref())?.with_device_graph(&config.device, true);
         let (source, cache, downloads) = (config.source.clone().unwrap_or_default(), server.cache_dir(), server.server.hub_downloads);
         tokio::task::spawn_blocking(move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target))
             .await
@@ -444,7 +505,7 @@ pub async fn load(config: &ModelConfig, server: &Config) -> Result<Loaded, Model
         }
     }
     let reference = offered.first().cloned().ok_or_else(|| {
-        ModelError::Engine(EngineError::Runtime(format!("precision = \"auto\": no engine of this build runs {:?} on the CPU", config.engine)))
+        ModelError::Engine(EngineError::Runtime(format!("precision = \"auto\": no engine of this build runs {:?} on {:?}", config.engine, config.device)))
     })?;
     let mut model = LoadedModel::load(&variant_config(config, server, &reference)?, server)
         .await
@@ -558,7 +619,7 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
     let (config, server) = (&plan.config, &plan.server);
     let offered = plan.offered.clone();
     let reference = offered.first().cloned().ok_or_else(|| {
-        ModelError::Engine(EngineError::Runtime(format!("precision = \"auto\": no engine of this build runs {:?} on the CPU", config.engine)))
+        ModelError::Engine(EngineError::Runtime(format!("precision = \"auto\": no engine of this build runs {:?} on {:?}", config.engine, config.device)))
     })?;
     tracing::info!(model = %config.id, variants = offered.len(), "precision = auto: measuring the variants on this machine");
     let started = Instant::now();
@@ -652,10 +713,10 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
 }
 
 /// The layouts surveyed for `config`: none when the entry names its threads
-/// or devices (an explicit layout wins), else `engine_layouts` of this
-/// machine's physical cores.
+/// or devices (an explicit layout wins) or runs on a GPU (its sessions are
+/// the entry's devices), else `engine_layouts` of this machine's physical cores.
 fn layouts(config: &ModelConfig) -> Vec<usize> {
-    if config.threads > 0 || config.device.len() > 1 {
+    if config.threads > 0 || config.device.len() > 1 || !config.device.all_cpu() {
         return Vec::new();
     }
     engine_layouts(crate::cpu_sets::cores().len())
@@ -842,9 +903,48 @@ mod tests {
 
     #[test]
     fn a_layout_is_labelled_with_its_engines() {
-        let one = Candidate { engine: "engine-b", precision: "bf16", graph: PathBuf::from("m.onnx"), keys: Default::default(), engines: 1 };
+        let one =
+            Candidate { engine: "engine-b", precision: "bf16", graph: PathBuf::from("m.onnx"), keys: Default::default(), engines: 1, pooled_in_graph: false };
         assert_eq!(one.label(), "engine-b bf16");
         assert_eq!(one.with_engines(4).label(), "engine-b bf16 x4");
+    }
+
+    /// On a CUDA device the survey holds the fp32 graph against the GPU's
+    /// fp16 graph beside it, served with the pooling inside it; the CPU's
+    /// variants (a quantized graph, OpenVINO) are not offered there. With no
+    /// fp16 graph, the manifest's reason is given.
+    #[test]
+    fn a_cuda_entry_measures_the_fp32_graph_and_the_gpus_fp16_graph() {
+        let dir = tempfile::tempdir().unwrap();
+        let fp32 = dir.path().join("model.onnx");
+        for file in ["model.onnx", "model_int8.onnx"] {
+            std::fs::write(dir.path().join(file), b"graph").unwrap();
+        }
+        let manifest = |gpu: serde_json::Value| std::fs::write(dir.path().join("manifest.json"), serde_json::json!({"checks": {"cuda_fp16": gpu}}).to_string());
+        let file = dir.path().join("eeane.toml");
+        let entry =
+            format!("[[models]]\nid = \"m\"\nmodel = {fp32:?}\ntokenizer = \"t.json\"\nmax_tokens = 16\nprecision = \"auto\"\ndevice = [\"cuda:H200\", \"cuda:H200\"]\n");
+        std::fs::write(&file, entry).unwrap();
+        let mut config = Config::load(Some(&file), &crate::config::CliOverrides::default()).unwrap().models.remove(0);
+        let cpu = CpuFeatures { bf16: true, int8_dot: true };
+
+        manifest(serde_json::json!({"graph": null, "why": "rerankers keep their fp32 graph"})).unwrap();
+        let (offered, absent) = candidates(&config, &cpu);
+        assert_eq!(offered.iter().map(Candidate::label).collect::<Vec<_>>(), ["onnxruntime fp32"]);
+        assert_eq!(absent.len(), 1, "{absent:?}");
+        assert!(absent[0].not_measured.as_deref().unwrap().contains("rerankers keep their fp32 graph"), "{absent:?}");
+
+        std::fs::write(dir.path().join("model.fp16.onnx"), b"graph").unwrap();
+        manifest(serde_json::json!({"graph": "model.fp16.onnx", "pooling_in_graph": "last_token"})).unwrap();
+        let (offered, absent) = candidates(&config, &cpu);
+        let offered: Vec<(String, String, bool)> = offered.iter().map(|c| (c.label(), file_name(&c.graph), c.pooled_in_graph)).collect();
+        assert_eq!(offered, [("onnxruntime fp32".into(), "model.onnx".into(), false), ("onnxruntime fp16".into(), "model.fp16.onnx".into(), true)]);
+        assert!(absent.is_empty(), "{absent:?}");
+        // The same folder on the CPU: the quantized graph, never the GPU's.
+        config.device = Devices::cpu();
+        let (offered, _) = candidates(&config, &cpu);
+        assert!(offered.iter().all(|c| file_name(&c.graph) != "model.fp16.onnx"), "{offered:?}");
+        assert!(offered.iter().any(|c| file_name(&c.graph) == "model_int8.onnx"), "{offered:?}");
     }
 
     #[test]

@@ -323,9 +323,13 @@ fn pulled_models_serve_what_the_repository_declares() {
 
 /// A config serving each of `repos`, from the entries `eeane pull` prints.
 fn pulled_config(hub: &LookAlike, home: &Path, repos: &[impl AsRef<str>]) -> String {
+    pulled_config_with(&[], hub, home, repos)
+}
+
+fn pulled_config_with(flags: &[&str], hub: &LookAlike, home: &Path, repos: &[impl AsRef<str>]) -> String {
     let mut config = String::from("[server]\nport = 0\n\n");
     for repo in repos.iter().map(AsRef::as_ref) {
-        let pulled = pull_with(&[], home, &hub.endpoint, &format!("hf:{repo}"), &[]);
+        let pulled = pull_with(flags, home, &hub.endpoint, &format!("hf:{repo}"), &[]);
         assert!(pulled.ok, "{repo}: {}", pulled.stderr);
         config += &pulled.stdout;
         config += "\n";
@@ -344,6 +348,12 @@ fn pulled_config(hub: &LookAlike, home: &Path, repos: &[impl AsRef<str>]) -> Str
 /// MPNet's relative position buckets; the query prompt. One text a request,
 /// one padded batch of mixed lengths, and with the prompt, each against
 /// sentence-transformers' own vectors, on ONNX Runtime and OpenVINO.
+///
+/// Pulled for a CUDA device, as a GPU user would: each family's GPU graph
+/// (models/gpu_graph.py: fused attention, fp16, pooled inside) is made
+/// beside its fp32 graph, and served here by ONNX Runtime on the CPU (no
+/// GPU in CI) held to the same vectors: fusion, fp16 and the pooling inside
+/// all checked on a real engine over HTTP.
 #[test]
 fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
     let hub = start_hub();
@@ -360,7 +370,27 @@ fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
         "mpnet-tiny",
         "modernbert-tiny",
     ];
-    let mut config = pulled_config(&hub, home.path(), &families.map(|f| format!("eeane-test/{f}")));
+    let config = pulled_config_with(&["--device", "cuda:H200"], &hub, home.path(), &families.map(|f| format!("eeane-test/{f}")));
+    // The entries printed for the GPU measure its graph there; CI has no GPU,
+    // so they are served on the CPU (their fp32 graph) below.
+    assert_eq!(config.matches("device = \"cuda:H200\"\nprecision = \"auto\"").count(), families.len(), "{config}");
+    let mut config: String = config.lines().filter(|l| !l.starts_with("device = ") && !l.starts_with("precision = ")).map(|l| format!("{l}\n")).collect();
+    for family in families {
+        let prepared = common::cache_dir().join("models").join(format!("hf--eeane-test--{family}"));
+        let manifest: Value = serde_json::from_slice(&std::fs::read(prepared.join("manifest.json")).unwrap()).unwrap();
+        let gpu = &manifest["checks"]["cuda_fp16"];
+        println!(
+            "{family}: GPU graph {}, attention {}, fp16 on the CPU vs numpy {}",
+            gpu["graph"], gpu["attention"], gpu["fp16_min_cosine_vs_numpy_float64_on_cpu"]
+        );
+        assert_eq!(gpu["graph"], "model.fp16.onnx", "{family}: {gpu}");
+        let fused = gpu["attention"].as_str().unwrap();
+        assert!(fused.contains("Attention") || (family == "mpnet-tiny" && fused.starts_with("unfused")), "{family}: {gpu}");
+        config += &format!(
+            "[[models]]\nid = \"{family}-gpu-graph\"\nsource = \"hf:eeane-test/{family}\"\nmodel = \"{}\"\npooling = \"none\"\n",
+            prepared.join("model.fp16.onnx").display()
+        );
+    }
     // Seven decoders pool by their last token; the encoders by the mean, and
     // Gemma3 by the mean inside its graph, before its Dense modules.
     assert_eq!(config.matches("pooling = \"last_token\"").count(), 7, "{config}");
@@ -380,7 +410,11 @@ fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
     forget_kept_survey("hf--eeane-test--qwen3-tiny", "qwen3-auto");
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures");
-    let served = families.map(|f| (format!("eeane-test/{f}"), f)).into_iter().chain(families.map(|f| (format!("{f}-openvino"), f)));
+    let served = families
+        .map(|f| (format!("eeane-test/{f}"), f))
+        .into_iter()
+        .chain(families.map(|f| (format!("{f}-openvino"), f)))
+        .chain(families.map(|f| (format!("{f}-gpu-graph"), f)));
     for (model, fixture) in served {
         let model = model.as_str();
         let reference: Value = serde_json::from_slice(&std::fs::read(fixtures.join(fixture).join("reference.json")).unwrap()).unwrap();

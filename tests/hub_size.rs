@@ -68,8 +68,22 @@ fn hub_env<'a>(home: &'a Path, hub: &'a LookAlike) -> Vec<(&'a str, &'a str)> {
 
 /// `eeane pull hf:REPO`: its stdout (the entry) when it succeeds, else its stderr.
 fn pull(home: &Path, hub: &LookAlike, repo: &str, env: &[(&str, &str)]) -> Result<String, String> {
+    pull_with_flags(&[], home, hub, repo, env)
+}
+
+/// `pull` for a CUDA device: the GPU's graph made too. The entry's device
+/// and precision lines are left out, for the CPU that serves it here.
+fn pull_for_the_gpu(home: &Path, hub: &LookAlike, repo: &str, env: &[(&str, &str)]) -> Result<String, String> {
+    let entry = pull_with_flags(&["--device", "cuda:H200"], home, hub, repo, env)?;
+    assert!(entry.contains("device = \"cuda:H200\"\nprecision = \"auto\""), "{entry}");
+    Ok(entry.lines().filter(|l| !l.starts_with("device = ") && !l.starts_with("precision = ")).map(|l| format!("{l}\n")).collect())
+}
+
+fn pull_with_flags(flags: &[&str], home: &Path, hub: &LookAlike, repo: &str, env: &[(&str, &str)]) -> Result<String, String> {
     let out = Command::new(env!("CARGO_BIN_EXE_eeane"))
-        .args(["pull", &format!("hf:{repo}")])
+        .arg("pull")
+        .args(flags)
+        .arg(format!("hf:{repo}"))
         .envs(hub_env(home, hub))
         .env_remove("HF_TOKEN")
         .env_remove("HF_HUB_CACHE")
@@ -169,27 +183,39 @@ fn a_sharded_checkpoint_serves_the_vectors_of_the_same_one_in_one_file() {
 /// A graph built with its weights streamed to model.onnx_data (the bound
 /// forced to 0 bytes) serves the same vectors as the same repository built
 /// in one file, on ONNX Runtime and OpenVINO; the manifest lists the data
-/// file (a changed byte fails the load). Prepared again in one file, the
-/// folder loses the data file, and a leftover build folder is cleared.
+/// file (a changed byte fails the load). The GPU's fp16 graph (pulled for
+/// a CUDA device) has its own data file and serves the one-file fp16
+/// graph's vectors (on the CPU here). Prepared again in one file, the
+/// folder loses the data files, and a leftover build folder is cleared.
 #[test]
 fn a_graph_with_external_data_serves_the_vectors_of_the_one_file_graph() {
     let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let (external, inline) = ("size-test/qwen3-tiny-external", "size-test/qwen3-tiny-inline");
-    let external_dir = prepared(external);
-    let _ = prepared(inline);
+    let (external_dir, inline_dir) = (prepared(external), prepared(inline));
     let mut config = String::from("[server]\nport = 0\n\n");
-    config += &pull(home.path(), &hub, external, &[("EEANE_EXTERNAL_DATA_MIN_BYTES", "0")]).unwrap();
+    config += &pull_for_the_gpu(home.path(), &hub, external, &[("EEANE_EXTERNAL_DATA_MIN_BYTES", "0")]).unwrap();
     config += "\n";
-    config += &pull(home.path(), &hub, inline, &[]).unwrap();
+    config += &pull_for_the_gpu(home.path(), &hub, inline, &[]).unwrap();
     config += &format!("\n[[models]]\nid = \"external-openvino\"\nsource = \"hf:{external}\"\nengine = \"openvino\"\ndevice = \"CPU\"\n");
+    for (id, repo, dir) in [("external-gpu-graph", external, &external_dir), ("inline-gpu-graph", inline, &inline_dir)] {
+        let graph = dir.join("model.fp16.onnx");
+        config += &format!("\n[[models]]\nid = \"{id}\"\nsource = \"hf:{repo}\"\nmodel = \"{}\"\npooling = \"none\"\n", graph.display());
+    }
     let listed = listed_files(&manifest(&external_dir));
-    assert_eq!(listed, ["model.onnx", "model.onnx_data", "tokenizer.json"], "the manifest must cover the data file");
-    let graph_bytes = std::fs::metadata(external_dir.join("model.onnx")).unwrap().len();
-    let data_bytes = std::fs::metadata(external_dir.join("model.onnx_data")).unwrap().len();
-    println!("{external}: model.onnx {graph_bytes} bytes, model.onnx_data {data_bytes} bytes");
-    // The data file holds the weights (norms under 1 KiB stay in the graph).
+    assert_eq!(
+        listed,
+        ["model.fp16.onnx", "model.fp16.onnx_data", "model.onnx", "model.onnx_data", "tokenizer.json"],
+        "the manifest must cover the data files"
+    );
+    assert_eq!(listed_files(&manifest(&inline_dir)), ["model.fp16.onnx", "model.onnx", "tokenizer.json"]);
+    let size = |name: &str| std::fs::metadata(external_dir.join(name)).unwrap().len();
+    let (graph_bytes, data_bytes, fp16_data_bytes) = (size("model.onnx"), size("model.onnx_data"), size("model.fp16.onnx_data"));
+    println!("{external}: model.onnx {graph_bytes} bytes, model.onnx_data {data_bytes} bytes, model.fp16.onnx_data {fp16_data_bytes} bytes");
+    // The data file holds the weights (norms under 1 KiB stay in the graph);
+    // the GPU graph's, the same weights in fp16.
     assert!(data_bytes > 400_000 && graph_bytes < 64 << 10, "{graph_bytes} {data_bytes}");
+    assert!(fp16_data_bytes > data_bytes / 3 && fp16_data_bytes < data_bytes * 2 / 3, "{fp16_data_bytes} {data_bytes}");
 
     let (texts, _) = fixture_reference();
     {
@@ -200,6 +226,9 @@ fn a_graph_with_external_data_serves_the_vectors_of_the_one_file_graph() {
             println!("{model}: external data vs the one-file graph: min cosine {cosine:.10}, max |difference| {max_abs:.2e}");
             assert!(cosine >= 0.99999999, "{model}: {cosine}");
         }
+        let (cosine, max_abs) = compare(&embed(&server, "external-gpu-graph", &texts), &embed(&server, "inline-gpu-graph", &texts));
+        println!("the GPU graph: external data vs one file: min cosine {cosine:.10}, max |difference| {max_abs:.2e}");
+        assert!(cosine >= 0.99999999, "{cosine}");
     }
 
     // Again, in one file: what an interrupted run left (.build) and the

@@ -760,4 +760,34 @@ mod tests {
             Ok(())
         });
     }
+
+    /// precision = "auto" measures variants where an engine offers them: the
+    /// CPU (one device) and CUDA devices (ONNX Runtime's fp32 and fp16
+    /// graphs, one card or several sessions); elsewhere the entry names its
+    /// precision, and the refusal says where auto runs.
+    #[test]
+    fn auto_precision_runs_on_the_cpu_and_on_cuda_devices() {
+        Jail::expect_with(|jail| {
+            let entry = |device: &str| {
+                format!("[[models]]\nid = \"a\"\nmodel = \"m.onnx\"\ntokenizer = \"t\"\nmax_tokens = 16\nprecision = \"auto\"\ndevice = {device}\n")
+            };
+            for (device, accepted) in [
+                ("\"cpu\"", true),
+                ("\"cuda:H200\"", true),
+                ("[\"cuda:H200\", \"cuda:H200\"]", true),
+                ("\"cuda:H200*\"", true),
+                ("\"vulkan:H200\"", false),
+                ("[\"cpu\", \"cpu\"]", false),
+                ("[\"cpu\", \"cuda:H200\"]", false),
+            ] {
+                jail.create_file("auto.toml", &entry(device))?;
+                let loaded = Config::load(Some(Path::new("auto.toml")), &CliOverrides::default());
+                assert_eq!(loaded.is_ok(), accepted, "device = {device}: {:?}", loaded.as_ref().err().map(ToString::to_string));
+                if let Err(e) = loaded {
+                    assert!(e.to_string().contains("models[0].precision"), "{e}");
+                }
+            }
+            Ok(())
+        });
+    }
 }

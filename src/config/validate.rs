@@ -151,8 +151,14 @@ impl Config {
                 if m.kind == ModelKind::Reranker {
                     return invalid(key("precision"), "\"auto\" compares vectors; a reranker's entry names its precision".into());
                 }
-                if !m.device.single().is_some_and(|d| d.is_cpu()) {
-                    return invalid(key("precision"), format!("\"auto\" measures the CPU's variants; name a precision for device {:?}", m.device));
+                if !m.device.all_cpu() && !auto_runs_on(m) {
+                    return invalid(
+                        key("precision"),
+                        format!("\"auto\" measures variants on the CPU and on CUDA devices (onnxruntime); name a precision for device {:?}", m.device),
+                    );
+                }
+                if m.device.all_cpu() && m.device.len() > 1 {
+                    return invalid(key("precision"), "\"auto\" chooses how many engines share the CPU; write device = \"cpu\"".into());
                 }
             }
             if m.long_text == LongText::Window {
@@ -178,4 +184,14 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Whether some engine that an auto entry may use measures variants on its
+/// (non-CPU) devices: the entry's own engine when it names one, else any.
+fn auto_runs_on(m: &super::ModelConfig) -> bool {
+    let engines: Vec<&dyn eeane_backend_core::Backend> = match m.auto_precision {
+        Some(AutoPrecision::ItsEngine) => crate::engines::find(&m.engine).into_iter().collect(),
+        _ => crate::engines::ENGINES.to_vec(),
+    };
+    engines.iter().any(|e| !e.device_precisions(eeane_backend_core::GraphKind::Float32, &m.device).is_empty())
 }

@@ -193,10 +193,12 @@ pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool, target: &Tar
     })
 }
 
-/// Whether `out` holds the model prepared from `pinned` (hf:REPO@COMMIT) for `target`.
+/// Whether `out` holds the model prepared from `pinned` (hf:REPO@COMMIT) for
+/// `target`, with its device graph made (or refused, with why) when it asks for one.
 fn is_prepared(out: &Path, pinned: &str, target: &Target) -> bool {
     let manifest: Option<serde_json::Value> = std::fs::read(out.join("manifest.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-    manifest.is_some_and(|m| m["source"]["hub"] == pinned) && out.join(target.model_file()).is_file()
+    let device_graph = |m: &serde_json::Value| target.device_graph.is_none_or(|g| m["checks"].get(g.manifest_check).is_some());
+    manifest.is_some_and(|m| m["source"]["hub"] == pinned && device_graph(&m)) && out.join(target.model_file()).is_file()
 }
 
 /// An exclusive lock on preparing `repo` in `cache` (released when dropped):
@@ -302,6 +304,9 @@ fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Targe
     if let Some(flag) = target.preparation.converter_flag {
         args.push(flag.into());
     }
+    if let Some(graph) = target.device_graph {
+        args.push(graph.prepare_flag.into());
+    }
     super::run_prepare(cache, &args, target.preparation.setup_extra.unwrap_or(""))?;
     Ok(entry)
 }
@@ -394,7 +399,7 @@ mod tests {
         );
         // An engine that converts from safetensors takes them, whatever ONNX the repository ships.
         let converting = HubPreparation { reads_repository_onnx: false, ..HubPreparation::ONNX };
-        let target = Target { engine: "converting", preparation: converting, onnx_file: None };
+        let target = Target { engine: "converting", preparation: converting, onnx_file: None, device_graph: None };
         assert_eq!(select_files(&with_onnx, &target), ["config.json", "model.safetensors", "tokenizer.json"]);
         for engine in crate::engines::ENGINES.iter().filter(|e| e.hub_preparation().is_some_and(|p| !p.reads_repository_onnx)) {
             let refused = Target::for_engine(engine.name(), Some("onnx/model_O4.onnx")).unwrap_err().to_string();

@@ -1,7 +1,7 @@
 //! What a `source = "hf:..."` entry is prepared into: the engine's own
 //! answer (`Backend::hub_preparation`), and the ONNX variant it names.
 
-use eeane_backend_core::HubPreparation;
+use eeane_backend_core::{DeviceGraph, Devices, HubPreparation};
 
 use super::PullError;
 
@@ -12,6 +12,9 @@ pub struct Target {
     pub preparation: HubPreparation,
     /// One of the repository's ONNX variants (onnx/model_O4.onnx).
     pub onnx_file: Option<String>,
+    /// The graph made beside the model file for the entry's device, which
+    /// its `precision = "auto"` measures (`with_device_graph`).
+    pub device_graph: Option<DeviceGraph>,
 }
 
 impl Target {
@@ -27,13 +30,22 @@ impl Target {
                 "onnx_file picks an ONNX variant; {engine}'s graph is converted from model.safetensors (leave onnx_file out)"
             )));
         }
-        Ok(Target { engine, preparation, onnx_file: onnx_file.map(str::to_string) })
+        Ok(Target { engine, preparation, onnx_file: onnx_file.map(str::to_string), device_graph: None })
+    }
+
+    /// With the engine's graph for `devices` (the GPU's fp16 graph on a CUDA
+    /// device), when `auto_precision` will measure it: an entry that names
+    /// its precision serves model.onnx alone, and does not wait for more.
+    pub fn with_device_graph(mut self, devices: &Devices, auto_precision: bool) -> Target {
+        self.device_graph =
+            self.preparation.device_graphs.iter().find(|g| auto_precision && devices.iter().all(|d| d.as_str().starts_with(g.device_prefix))).copied();
+        self
     }
 
     /// The default engine's target: the repository's ONNX graph as it is.
     pub fn default_engine() -> Target {
         let engine = crate::engines::default_engine();
-        Target { engine: engine.name(), preparation: engine.hub_preparation().unwrap_or(HubPreparation::ONNX), onnx_file: None }
+        Target { engine: engine.name(), preparation: engine.hub_preparation().unwrap_or(HubPreparation::ONNX), onnx_file: None, device_graph: None }
     }
 
     /// The prepared model's file in its folder.

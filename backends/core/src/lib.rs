@@ -297,6 +297,9 @@ pub enum GraphKind {
     Float32,
     /// A quantized graph (Q/DQ or integer ops) with its own scales.
     Int8,
+    /// A float16 graph made for a GPU (`{stem}.fp16.onnx` beside the fp32
+    /// one: fused attention, norms and pooling computed in fp32 inside).
+    Float16,
 }
 
 /// One precision an engine can serve a graph at, for `precision = "auto"`:
@@ -343,6 +346,21 @@ pub struct HubPreparation {
     pub reads_repository_onnx: bool,
     /// Whether it serves cross-encoders (one-label sequence classifiers).
     pub serves_rerankers: bool,
+    /// Graphs made beside the model file for a kind of device, for an entry
+    /// there whose `precision = "auto"` measures them.
+    pub device_graphs: &'static [DeviceGraph],
+}
+
+/// A graph `eeane pull` makes for a kind of device, beside the model file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceGraph {
+    /// The devices it is for: an entry's device name starts with this ("cuda:").
+    pub device_prefix: &'static str,
+    /// The flag of models/prepare.py that makes it.
+    pub prepare_flag: &'static str,
+    /// The key under the prepared manifest's checks that says it was made
+    /// (its figures, or why there is none).
+    pub manifest_check: &'static str,
 }
 
 impl HubPreparation {
@@ -355,6 +373,7 @@ impl HubPreparation {
         setup_extra: None,
         reads_repository_onnx: true,
         serves_rerankers: true,
+        device_graphs: &[],
     };
 }
 
@@ -464,6 +483,14 @@ pub trait Backend: Sync {
     /// engine that takes no part (a GPU-only or platform-only engine).
     fn cpu_precisions(&self, kind: GraphKind, cpu: &CpuFeatures) -> Vec<PrecisionOffer> {
         let _ = (kind, cpu);
+        Vec::new()
+    }
+
+    /// The precisions this engine can serve a graph of `kind` at on
+    /// `devices` (not the CPU), for `precision = "auto"` there, as
+    /// `cpu_precisions` does on the CPU. Empty where it takes no part.
+    fn device_precisions(&self, kind: GraphKind, devices: &Devices) -> Vec<PrecisionOffer> {
+        let _ = (kind, devices);
         Vec::new()
     }
 

@@ -184,6 +184,7 @@ impl Backend for Ncnn {
             // Converted from the graph built from model.safetensors.
             reads_repository_onnx: false,
             serves_rerankers: false,
+            device_graphs: &[],
         })
     }
 

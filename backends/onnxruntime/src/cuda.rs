@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use eeane_backend_core::{every_device, lasting_pin, DeviceName, Devices, EngineError, ListedDevice, EVERY};
+use eeane_backend_core::{every_device, lasting_pin, DeviceGraph, DeviceName, Devices, EngineError, ListedDevice, EVERY};
 
 /// The `[runtimes]` key of the CUDA build, and where `INSTALL` puts it.
 pub const RUNTIME_KEY: &str = "onnxruntime-cuda";
@@ -39,6 +39,10 @@ const CUDNN_LIBRARIES: &[&str] = &[
 
 /// How a device names a CUDA GPU: `cuda:<GPU name>`.
 pub const PREFIX: &str = "cuda:";
+
+/// The GPU's graph of a Hub model, made by `eeane pull` for an entry on a
+/// CUDA device (models/gpu_graph.py): model.fp16.onnx beside model.onnx.
+pub const FP16_GRAPH: DeviceGraph = DeviceGraph { device_prefix: PREFIX, prepare_flag: "--cuda-fp16", manifest_check: "cuda_fp16" };
 
 /// The device names a CUDA GPU.
 pub fn is_cuda(device: &DeviceName) -> bool {

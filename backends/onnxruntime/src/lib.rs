@@ -89,8 +89,10 @@ impl Backend for OnnxRuntime {
         "onnx"
     }
 
+    /// The ONNX graph, and on a CUDA device the GPU's graph beside it
+    /// (models/gpu_graph.py: fused attention, fp16, pooled inside).
     fn hub_preparation(&self) -> Option<HubPreparation> {
-        Some(HubPreparation::ONNX)
+        Some(HubPreparation { device_graphs: &[cuda::FP16_GRAPH], ..HubPreparation::ONNX })
     }
 
     fn configured_precision(&self, options: &Options) -> Option<String> {
@@ -154,6 +156,22 @@ impl Backend for OnnxRuntime {
         match kind {
             GraphKind::Float32 => vec![PrecisionOffer::new("fp32", &[])],
             GraphKind::Int8 => vec![PrecisionOffer::new("int8", &[("precision", "int8")])],
+            // fp16 kernels on the CPU are slower than fp32 ones.
+            GraphKind::Float16 => Vec::new(),
+        }
+    }
+
+    /// On CUDA devices: the fp32 graph (TF32 off), and the fp16 graph made
+    /// for the GPU. A quantized graph is not offered there: ONNX Runtime's
+    /// CUDA provider runs its integer operators on the CPU.
+    fn device_precisions(&self, kind: GraphKind, devices: &Devices) -> Vec<PrecisionOffer> {
+        if !devices.iter().all(cuda::is_cuda) {
+            return Vec::new();
+        }
+        match kind {
+            GraphKind::Float32 => vec![PrecisionOffer::new("fp32", &[])],
+            GraphKind::Float16 => vec![PrecisionOffer::new("fp16", &[("precision", "fp16")])],
+            GraphKind::Int8 => Vec::new(),
         }
     }
 }

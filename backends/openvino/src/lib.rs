@@ -104,6 +104,8 @@ impl Backend for OpenVino {
                 },
             ],
             GraphKind::Int8 => vec![PrecisionOffer::new("int8", &[("precision", "int8")])],
+            // A graph made for a GPU's fp16 kernels (ONNX Runtime's own operators).
+            GraphKind::Float16 => Vec::new(),
         }
     }
 

@@ -1,0 +1,299 @@
+"""The graph a Hub embedding model runs on an NVIDIA GPU (ONNX Runtime's
+CUDA execution provider): `model.fp16.onnx`, beside the fp32 model.onnx
+that every engine reads.
+
+- **Fused attention.** Decoders and Gemma run one GroupQueryAttention
+  (causal) or MultiHeadAttention (bidirectional) per layer and RMSNorm as
+  SimplifiedLayerNormalization (decoder_onnx's `fused` form: the operators
+  ONNX Runtime's own decoder exports use); ModernBERT one MultiHeadAttention
+  per layer; the BERT family the Attention operator that ONNX Runtime's
+  transformer optimizer fuses (as models/prepare.py does for the catalog's
+  all-minilm-l6-v2-cuda). An MPNet graph keeps its attention unfused (its
+  relative position bias has no fused pattern); it is still fp16.
+- **Pooled inside.** The graph ends in the model's pooling (mean, cls or
+  last token) and its Dense modules, so that a batch brings back one vector
+  a text from the GPU, not every token's state; eeane's `normalize` stays
+  outside. Pooling, the Dense modules and the RoPE angles stay fp32;
+  everything else is fp16 (norms sum in fp32 inside their kernels).
+- **Checked twice on the CPU** before it is published: the fused fp32
+  graph against the float64 numpy network (at 0.99999: fusion must not move
+  the vectors) and the fp16 graph against the same (published at 0.9999;
+  else only the reason is kept). On the card, `precision = "auto"` gates it
+  again against the fp32 graph before it is served.
+
+Tried here, not built: a reranker (cross-encoder or language model) keeps
+its fp32 graph; a repository's own ONNX graph is served as it is.
+"""
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+GRAPH = "model.fp16.onnx"
+DATA = "model.fp16.onnx_data"
+# Pooling the graph can end in (eeane's names).
+POOLINGS = ("mean", "cls", "last_token")
+
+
+def _cosine(a, b):
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def dense_layers(snapshot, settings):
+    """The Dense modules eeane read from the repository (settings' "dense"),
+    each (weight [out, in], bias or None, torch activation class)."""
+    import graph_builder
+
+    layers = []
+    for module in (settings or {}).get("dense") or []:
+        folder = Path(snapshot) / module["path"]
+        cfg = json.loads((folder / "config.json").read_text())
+        if not (folder / "model.safetensors").is_file():
+            raise SystemExit(f"{module['path']} has no model.safetensors (eeane reads a Dense module's weights from safetensors only)")
+        weights = graph_builder.open_checkpoint(folder)
+        layers.append((weights["linear.weight"], weights.get("linear.bias") if cfg.get("bias", True) else None, module["activation"]))
+    return layers
+
+
+def why_not(cfg, settings, repository_onnx):
+    """Why this model gets no GPU graph, or None when it gets one."""
+    settings = settings or {}
+    if repository_onnx:
+        return "the repository's own ONNX graph is served as it is"
+    if settings.get("kind") == "reranker" or settings.get("score_tokens"):
+        return "rerankers keep their fp32 graph"
+    pooling = settings.get("graph_pooling") or (settings.get("pooling") or {}).get("value")
+    if pooling not in POOLINGS:
+        return f"pooling {pooling!r} is not one the GPU graph does inside ({', '.join(POOLINGS)})"
+    return None
+
+
+def _fused_fp32(work, weights_folder, cfg, fp32_bytes, build_into):
+    """work/model.onnx: the fused fp32 graph, token states out (written by
+    prepare's `build_into`, with external data when large). Returns (the
+    path, what fused the attention, the numpy network of one text, the
+    tokens a check text is cut to)."""
+    import bert_onnx
+    import decoder_onnx
+    import graph_builder
+    import modernbert_onnx
+
+    weights = graph_builder.open_checkpoint(weights_folder)
+    kind = cfg.get("model_type")
+    if kind in decoder_onnx.FAMILIES + modernbert_onnx.FAMILIES:
+        builder = modernbert_onnx if kind in modernbert_onnx.FAMILIES else decoder_onnx
+        path = build_into(work, builder.build_graph, weights, cfg, fp32_bytes, fused=True)
+        ops = sorted({n.op_type for n in _load(path, data=False).graph.node if n.op_type.endswith("Attention")})
+        return path, ", ".join(ops), lambda ids: builder.numpy_forward(weights, cfg, ids), 256
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    weights, bert_cfg = bert_onnx.as_bert(weights, cfg)
+    # Check texts within the model's positions (as bert_onnx.as_bert numbers them).
+    positions = min(256, int(bert_cfg.get("max_position_embeddings", 512)))
+    if fp32_bytes >= 2 << 30:
+        raise SystemExit("a BERT-family graph over 2 GiB: the transformer optimizer reads one protobuf")
+    work.mkdir(parents=True, exist_ok=True)
+    plain = work / "plain.onnx"
+    import onnx
+
+    if "encoder.relative_attention_bias.weight" in weights:
+        # MPNet: its relative position bias has no fused form; fp16 all the same.
+        onnx.save_model(bert_onnx.build_graph(weights, bert_cfg), work / "model.onnx")
+        return work / "model.onnx", "unfused (MPNet's relative position bias)", lambda ids: bert_onnx.numpy_forward(weights, bert_cfg, ids), positions
+    onnx.save_model(bert_onnx.build_graph(weights, bert_cfg, fusable=True), plain)
+    optimized = optimize_model(str(plain), model_type="bert", num_heads=bert_cfg["num_attention_heads"],
+                               hidden_size=bert_cfg["hidden_size"], opt_level=0, use_gpu=True)
+    fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+    attentions = fused.get("Attention", 0) + fused.get("MultiHeadAttention", 0)
+    path = work / "model.onnx"
+    if attentions == bert_cfg["num_hidden_layers"]:
+        optimized.save_model_to_file(str(path))
+        how = "Attention (ONNX Runtime's transformer optimizer)"
+    else:
+        os.replace(plain, path)
+        how = f"unfused (the optimizer fused {attentions} of {bert_cfg['num_hidden_layers']} layers' attention)"
+    plain.unlink(missing_ok=True)
+    return path, how, lambda ids: bert_onnx.numpy_forward(weights, bert_cfg, ids), positions
+
+
+def _load(path, data=True):
+    import onnx
+
+    return onnx.load(str(path), load_external_data=data)
+
+
+def _check(graph, tokenizer, texts, max_tokens, states_of, pooling, dense):
+    """The graph's pooled vectors of `texts` (one right-padded batch)
+    against the numpy network's, each text alone: the lowest cosine."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    import bert_onnx
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    tok.no_padding()
+    tok.enable_truncation(max_tokens)
+    seqs = [tok.encode(t).ids for t in texts]
+    ids = np.zeros((len(seqs), max(map(len, seqs))), np.int64)
+    mask = np.zeros_like(ids)
+    for i, seq in enumerate(seqs):
+        ids[i, :len(seq)], mask[i, :len(seq)] = seq, 1
+    sess = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    got = sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})[0]
+    del sess
+    worst = 1.0
+    for row, seq in zip(got, seqs):
+        want = bert_onnx.numpy_pooling_and_dense(states_of(seq)[None], np.ones((1, len(seq))), pooling, dense)[0]
+        if not np.isfinite(row).all():
+            return float("nan")
+        worst = min(worst, _cosine(row.astype(np.float64), want))
+    return worst
+
+
+def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_bytes, texts, build_into, external_min_bytes):
+    """build_dir/model.fp16.onnx (and its data file when its weights reach
+    `external_min_bytes`) for the GPU, checked on `texts`; returns what goes
+    into the manifest's checks under "cuda_fp16" ({"graph": None, "why": ...}
+    when none is published)."""
+    import onnx
+
+    import bert_onnx
+
+    pooling = settings.get("graph_pooling") or settings["pooling"]["value"]
+    dense = dense_layers(snapshot, settings)
+    work = build_dir / "gpu"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        path, attention, states_of, max_tokens = _fused_fp32(work, weights_folder, cfg, fp32_bytes, build_into)
+        model = bert_onnx.append_pooling_and_dense(_load(path, data=False), pooling, dense)
+        onnx.save_model(model, str(path))
+        fused32 = _check(path, tokenizer, texts, max_tokens, states_of, pooling, dense)
+        print(f"GPU graph ({attention}), fused fp32, pooled ({pooling}, {len(dense)} Dense) vs numpy float64: min cosine {fused32:.8f}")
+        if not fused32 >= 0.99999:
+            raise SystemExit("the fused GPU graph drifts from the reference network; not publishing it")
+        keep = fp32_nodes(path)
+        out = build_dir / GRAPH
+        to_fp16(path, out, keep, build_dir / DATA if fp32_bytes // 2 >= external_min_bytes else None)
+        half = _check(out, tokenizer, texts, max_tokens, states_of, pooling, dense)
+        print(f"GPU graph, fp16 (ONNX Runtime on the CPU) vs numpy float64: min cosine {half:.8f}")
+        checks = {"attention": attention, "pooling_in_graph": pooling, "fused_fp32_min_cosine_vs_numpy_float64": fused32,
+                  "fp16_min_cosine_vs_numpy_float64_on_cpu": half}
+        if not half >= 0.9999:
+            out.unlink()
+            (build_dir / DATA).unlink(missing_ok=True)
+            return {"graph": None, "why": f"fp16 min cosine {half:.6f} < 0.9999 on the check texts", **checks}
+        return {"graph": GRAPH, **checks}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def fp32_nodes(path):
+    """The nodes of the fp32 graph at `path` that its fp16 copy keeps in
+    fp32: those its builder listed (the RoPE tables) and the pooling and
+    Dense tail (`st_*`, bert_onnx.append_pooling_and_dense)."""
+    import graph_builder
+
+    model = _load(path, data=False)
+    props = {p.key: p.value for p in model.metadata_props}
+    listed = [n for n in props.get(graph_builder.FP32_NODES_KEY, "").split(",") if n]
+    return set(listed) | {n.name for n in model.graph.node if n.name.startswith("st_")}
+
+
+def to_fp16(src, dst, keep, data_file):
+    """`dst`: the graph at `src` with its float tensors in fp16, except the
+    nodes named in `keep`, which compute in fp32 as they did; a Cast goes
+    on every float edge between the two, and before every float output, so
+    the graph's inputs and outputs keep their types. Weights are converted
+    one at a time (clipped to fp16's range), into `data_file` (external
+    data beside `dst`) when given: no copy of the whole model is held.
+
+    Written here rather than with onnxruntime.transformers.float16, whose
+    blocked nodes lose their types at the border when ONNX's shape
+    inference does not know an operator (GroupQueryAttention,
+    SimplifiedLayerNormalization) and then give graphs that do not load."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+    import graph_builder
+
+    FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
+    model = onnx.load(str(src), load_external_data=False)
+    graph = model.graph
+    inferred = shape_inference.infer_shapes(model).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output)}
+    initializers = {t.name: t for t in graph.initializer}
+    types.update({name: t.data_type for name, t in initializers.items()})
+    # An operator ONNX does not know leaves its results untyped: here those
+    # are ONNX Runtime's attention, norm and GELU operators, all float.
+    is_float = lambda name: types.get(name, 0) in (FLOAT, 0)
+    produced_by_kept = {out: node.name in keep for node in graph.node for out in node.output}
+
+    nodes, casts, fp32_copies = [], {}, set()
+
+    def cast(value, to):
+        if (value, to) not in casts:
+            name = f"{value}_{'fp32' if to == FLOAT else 'fp16'}"
+            nodes.append(helper.make_node("Cast", [value], [name], name=f"cast_{name}", to=to))
+            casts[value, to] = name
+        return casts[value, to]
+
+    float_initializers = {n for n, t in initializers.items() if t.data_type == FLOAT}
+    for node in graph.node:
+        kept = node.name in keep
+        for i, value in enumerate(node.input):
+            if value in float_initializers:
+                if kept:
+                    fp32_copies.add(value)
+                    node.input[i] = value + "__fp32"
+            elif value in produced_by_kept and is_float(value) and produced_by_kept[value] != kept:
+                node.input[i] = cast(value, FLOAT if kept else HALF)
+        if not kept:
+            for attribute in node.attribute:
+                if attribute.name == "to" and attribute.i == FLOAT:
+                    attribute.i = HALF
+                if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == FLOAT:
+                    attribute.t.CopyFrom(numpy_helper.from_array(_half(numpy_helper.to_array(attribute.t)), attribute.t.name))
+        nodes.append(node)
+    for output in graph.output:
+        if output.type.tensor_type.elem_type == FLOAT and not produced_by_kept.get(output.name, True):
+            inner = output.name + "_fp16_result"
+            for node in nodes:
+                node.output[:] = [inner if o == output.name else o for o in node.output]
+            nodes.append(helper.make_node("Cast", [inner], [output.name], name=f"cast_{output.name}", to=FLOAT))
+    used_half = {v for node in nodes if node.name not in keep for v in node.input if v in float_initializers}
+    data = graph_builder.ExternalData(data_file, location=Path(data_file).name) if data_file else None
+    converted = []
+    try:
+        for tensor in graph.initializer:
+            if tensor.name not in float_initializers:
+                converted.append(tensor)
+                continue
+            array = numpy_helper.to_array(tensor, base_dir=str(Path(src).parent))
+            if tensor.name in used_half:
+                converted.append(_tensor(data, _half(array), tensor.name))
+            if tensor.name in fp32_copies:
+                converted.append(_tensor(data, array, tensor.name + "__fp32"))
+    finally:
+        if data:
+            data.close()
+    del graph.initializer[:]
+    graph.initializer.extend(converted)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]
+    onnx.save_model(model, str(dst))
+
+
+def _tensor(data, array, name):
+    from onnx import numpy_helper
+
+    return data.tensor(array, name) if data else numpy_helper.from_array(array, name)
+
+
+def _half(array):
+    """fp16 of a float32 array, clipped to fp16's finite range (a mask's
+    float32 minimum becomes -65504, still far below every score)."""
+    return np.clip(array, -65504.0, 65504.0).astype(np.float16)
