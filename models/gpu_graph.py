@@ -167,7 +167,15 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
     work = build_dir / "gpu"
     shutil.rmtree(work, ignore_errors=True)
     try:
-        path, attention, states_of, max_tokens = _fused_fp32(work, weights_folder, cfg, fp32_bytes, build_into)
+        path, attention, network, max_tokens = _fused_fp32(work, weights_folder, cfg, fp32_bytes, build_into)
+        # The float64 network runs once per check text, for both checks.
+        memo = {}
+
+        def states_of(ids):
+            if tuple(ids) not in memo:
+                memo[tuple(ids)] = network(ids)
+            return memo[tuple(ids)]
+
         model = bert_onnx.append_pooling_and_dense(_load(path, data=False), pooling, dense)
         onnx.save_model(model, str(path))
         fused32 = _check(path, tokenizer, texts, max_tokens, states_of, pooling, dense)
@@ -177,10 +185,15 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
         keep = fp32_nodes(path)
         out = build_dir / GRAPH
         to_fp16(path, out, keep, build_dir / DATA if fp32_bytes // 2 >= external_min_bytes else None)
-        half = _check(out, tokenizer, texts, max_tokens, states_of, pooling, dense)
+        checks = {"attention": attention, "pooling_in_graph": pooling, "fused_fp32_min_cosine_vs_numpy_float64": fused32}
+        try:
+            half = _check(out, tokenizer, texts, max_tokens, states_of, pooling, dense)
+        except Exception as e:  # noqa: BLE001 - an older CPU runtime without these fp16 kernels
+            # The card's survey still gates it against the fp32 graph.
+            print(f"GPU graph, fp16: this ONNX Runtime cannot run it on the CPU ({e}); the survey on the card checks it")
+            return {"graph": GRAPH, **checks, "fp16_on_cpu": f"not run: {e}"}
         print(f"GPU graph, fp16 (ONNX Runtime on the CPU) vs numpy float64: min cosine {half:.8f}")
-        checks = {"attention": attention, "pooling_in_graph": pooling, "fused_fp32_min_cosine_vs_numpy_float64": fused32,
-                  "fp16_min_cosine_vs_numpy_float64_on_cpu": half}
+        checks["fp16_min_cosine_vs_numpy_float64_on_cpu"] = half
         if not half >= 0.9999:
             out.unlink()
             (build_dir / DATA).unlink(missing_ok=True)

@@ -1223,8 +1223,14 @@ def gpu_graph_of(build, snapshot, weights_folder, settings, onnx_file):
         print(f"no GPU graph: {why}")
         return {"graph": None, "why": why}
     fp32_bytes = 4 * graph_builder.open_checkpoint(weights_folder).parameters()
-    return gpu_graph.build(build, snapshot, weights_folder, cfg, settings, build / "tokenizer.json", fp32_bytes, CHECK_TEXTS, build_into,
-                           external_data_min_bytes())
+    try:
+        return gpu_graph.build(build, snapshot, weights_folder, cfg, settings, build / "tokenizer.json", fp32_bytes, CHECK_TEXTS, build_into,
+                               external_data_min_bytes())
+    except (SystemExit, Exception) as e:  # the fp32 graph still serves; the survey names why there is no other
+        for leftover in (gpu_graph.GRAPH, gpu_graph.DATA):
+            (build / leftover).unlink(missing_ok=True)
+        print(f"no GPU graph: {e}")
+        return {"graph": None, "why": f"its preparation failed: {e}"}
 
 
 def _onnx_from_hub_snapshot(build, snapshot, weights_folder, name, settings, onnx_file):
