@@ -259,7 +259,7 @@ struct PullRequest {
 
 fn pull(request: PullRequest, loaded: Result<Config, ConfigError>) -> ExitCode {
     let cache = cache_of(&loaded);
-    let name = match request.name {
+    let name = match request.name.clone() {
         None if request.from_config && !request.list => return with_config(loaded, |config| pull_sources(&config)),
         Some(name) if !request.list => name,
         _ => {
@@ -268,32 +268,9 @@ fn pull(request: PullRequest, loaded: Result<Config, ConfigError>) -> ExitCode {
         }
     };
     let pulled = if name.starts_with("hf:") {
-        let engine = request.engine.unwrap_or_else(|| eeane::engines::default_engine().name().to_string());
-        let devices = match request.device.as_deref().map(|d| eeane_backend_core::Devices::new([d])).transpose() {
-            Ok(devices) => devices,
-            Err(e) => {
-                eprintln!("eeane pull: --device: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        eeane::pull::hf::Target::for_engine(&engine, request.onnx_file.as_deref())
-            .map(|target| match &devices {
-                Some(devices) => target.with_device_graph(devices, true),
-                None => target,
-            })
-            .and_then(|target| {
-                let entry = eeane::pull::hf::pull(&name, &cache, request.download_only, &target, &eeane::pull::hf::bars())?;
-                Ok(match (&devices, target.device_graph, request.download_only) {
-                    (Some(devices), Some(_), false) => format!(
-                        "{entry}device = {:?}\nprecision = \"auto\"  # the fp32 graph and the GPU's fp16 graph, measured on the card at the first load\n",
-                        devices.first().as_str()
-                    ),
-                    (Some(devices), None, false) => format!("{entry}device = {:?}\n", devices.first().as_str()),
-                    _ => entry,
-                })
-            })
+        pull_hub(&name, &request, &cache, &loaded)
     } else {
-        let index = request.index.unwrap_or_else(eeane::pull::default_index);
+        let index = request.index.clone().unwrap_or_else(eeane::pull::default_index);
         eeane::pull::pull(&name, &eeane::pull::PullOptions { cache: cache.clone(), index, download_only: request.download_only })
     };
     match pulled {
@@ -306,6 +283,37 @@ fn pull(request: PullRequest, loaded: Result<Config, ConfigError>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `eeane pull hf:...`: the entry to serve it. With `--device`, the entry
+/// names it; where the GPU's graph was made it says precision = "auto"
+/// (measured on the card at the first load), and it says what this machine
+/// lacks to serve there, if anything (the CUDA runtime is installed by
+/// `eeane pull all-minilm-l6-v2-cuda`, not by every Hub pull).
+fn pull_hub(name: &str, request: &PullRequest, cache: &std::path::Path, loaded: &Result<Config, ConfigError>) -> Result<String, eeane::pull::PullError> {
+    let engine = request.engine.clone().unwrap_or_else(|| eeane::engines::default_engine().name().to_string());
+    let devices = request
+        .device
+        .as_deref()
+        .map(|d| eeane_backend_core::Devices::new([d]))
+        .transpose()
+        .map_err(|e| eeane::pull::PullError::Unsupported(format!("--device: {e}")))?;
+    let mut target = eeane::pull::hf::Target::for_engine(&engine, request.onnx_file.as_deref())?;
+    if let Some(devices) = &devices {
+        target = target.with_device_graph(devices, true);
+    }
+    let mut entry = eeane::pull::hf::pull(name, cache, request.download_only, &target, &eeane::pull::hf::bars())?;
+    let Some(devices) = devices.filter(|_| !request.download_only) else { return Ok(entry) };
+    entry += &format!("device = {:?}\n", devices.first().as_str());
+    if target.device_graph.is_some() {
+        entry += "precision = \"auto\"  # the fp32 graph and the GPU's fp16 graph, measured on the card at the first load\n";
+    }
+    let backend = eeane::engines::find(target.engine);
+    let library = loaded.as_ref().ok().and_then(|c| c.runtimes.library(target.engine, &devices));
+    if let Some(problem) = backend.and_then(|b| b.device_problem(&devices, library.as_deref(), &[])) {
+        entry += &format!("# not servable on this machine yet: {problem}\n");
+    }
+    Ok(entry)
 }
 
 fn models(prune: bool, loaded: Result<Config, ConfigError>) -> ExitCode {
