@@ -17,13 +17,15 @@ network's, within float rounding.
 `numpy_forward` is an independent float64 implementation of the same network,
 used to check the graph before it is published.
 """
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from graph_builder import GraphBuilder, Renamed
+from graph_builder import GraphBuilder, Renamed, open_checkpoint
 
 OPSET = 17  # LayerNormalization is a single op from 17 on
 
@@ -316,6 +318,21 @@ DENSE_ACTIVATIONS = {
     "torch.nn.modules.activation.Sigmoid": "Sigmoid",
     "torch.nn.modules.activation.GELU": "gelu",
 }
+
+
+def dense_modules(snapshot, settings):
+    """The Dense modules eeane read from the repository at `snapshot`
+    (settings' "dense", in order), each (weight [out, in], bias or None,
+    torch activation class), as append_pooling_and_dense takes them."""
+    layers = []
+    for module in (settings or {}).get("dense") or []:
+        folder = Path(snapshot) / module["path"]
+        cfg = json.loads((folder / "config.json").read_text())
+        if not (folder / "model.safetensors").is_file():
+            raise SystemExit(f"{module['path']} has no model.safetensors (eeane reads a Dense module's weights from safetensors only)")
+        weights = open_checkpoint(folder)
+        layers.append((weights["linear.weight"], weights.get("linear.bias") if cfg.get("bias", True) else None, module["activation"]))
+    return layers
 
 
 def append_pooling_and_dense(model, pooling, dense):

@@ -21,10 +21,9 @@ that every engine reads.
   else only the reason is kept). On the card, `precision = "auto"` gates it
   again against the fp32 graph before it is served.
 
-Tried here, not built: a reranker (cross-encoder or language model) keeps
+Not made: a reranker (cross-encoder or language model) keeps
 its fp32 graph; a repository's own ONNX graph is served as it is.
 """
-import json
 import os
 import shutil
 from pathlib import Path
@@ -39,22 +38,6 @@ POOLINGS = ("mean", "cls", "last_token")
 
 def _cosine(a, b):
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
-def dense_layers(snapshot, settings):
-    """The Dense modules eeane read from the repository (settings' "dense"),
-    each (weight [out, in], bias or None, torch activation class)."""
-    import graph_builder
-
-    layers = []
-    for module in (settings or {}).get("dense") or []:
-        folder = Path(snapshot) / module["path"]
-        cfg = json.loads((folder / "config.json").read_text())
-        if not (folder / "model.safetensors").is_file():
-            raise SystemExit(f"{module['path']} has no model.safetensors (eeane reads a Dense module's weights from safetensors only)")
-        weights = graph_builder.open_checkpoint(folder)
-        layers.append((weights["linear.weight"], weights.get("linear.bias") if cfg.get("bias", True) else None, module["activation"]))
-    return layers
 
 
 def why_not(cfg, settings, repository_onnx):
@@ -163,7 +146,7 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
     import bert_onnx
 
     pooling = settings.get("graph_pooling") or settings["pooling"]["value"]
-    dense = dense_layers(snapshot, settings)
+    dense = bert_onnx.dense_modules(snapshot, settings)
     work = build_dir / "gpu"
     shutil.rmtree(work, ignore_errors=True)
     try:

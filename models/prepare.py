@@ -1060,16 +1060,8 @@ def append_dense_modules(snapshot, graph_path, settings, tokenizer_path):
     from tokenizers import Tokenizer
 
     import bert_onnx
-    import graph_builder
 
-    layers = []
-    for module in dense:
-        folder = Path(snapshot) / module["path"]
-        cfg = json.loads((folder / "config.json").read_text())
-        if not (folder / "model.safetensors").is_file():
-            raise SystemExit(f"{module['path']} has no model.safetensors (eeane reads a Dense module's weights from safetensors only)")
-        weights = graph_builder.open_checkpoint(folder)
-        layers.append((weights["linear.weight"], weights.get("linear.bias") if cfg.get("bias", True) else None, module["activation"]))
+    layers = bert_onnx.dense_modules(snapshot, settings)
     pooling = settings["graph_pooling"]
     model = bert_onnx.append_pooling_and_dense(onnx.load(str(graph_path), load_external_data=False), pooling, layers)
     ended = graph_path.with_name(graph_path.name + ".dense")

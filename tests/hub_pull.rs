@@ -611,13 +611,34 @@ fn language_model_rerankers_score_as_their_model_card() {
 /// then Normalize), from safetensors and from the repository's own ONNX,
 /// applied inside the prepared graph on ONNX Runtime and OpenVINO; a
 /// CamemBERT built as RoBERTa. Each against the reference on the
-/// repository's own files, which applies the Dense module itself.
+/// repository's own files, which applies the Dense module itself. Pulled
+/// for a CUDA device: the BERT family's GPU graph (the optimizer's fused
+/// Attention, fp16, pooling and the Dense module inside) held to the same
+/// reference on the CPU; the repository's own ONNX gets none, and says why.
 #[test]
 fn dense_modules_and_camembert_serve_what_the_repository_declares() {
     let hub = start_hub();
     let home = tempfile::tempdir().unwrap();
     let repos = ["eeane-test/minilm-dense", "eeane-test/minilm-dense-onnx-only", "eeane-test/minilm-camembert"];
-    let mut config = pulled_config(&hub, home.path(), &repos);
+    let pulled = pulled_config_with(&["--device", "cuda:H200"], &hub, home.path(), &repos);
+    let mut config: String = pulled.lines().filter(|l| !l.starts_with("device = ") && !l.starts_with("precision = ")).map(|l| format!("{l}\n")).collect();
+    let mut gpu_graphs = Vec::new();
+    for repo in repos {
+        let prepared = common::cache_dir().join("models").join(format!("hf--{}", repo.replace('/', "--")));
+        let manifest: Value = serde_json::from_slice(&std::fs::read(prepared.join("manifest.json")).unwrap()).unwrap();
+        let gpu = &manifest["checks"]["cuda_fp16"];
+        println!("{repo}: GPU graph {gpu}");
+        if repo.ends_with("onnx-only") {
+            assert!(gpu["graph"].is_null() && gpu["why"].as_str().unwrap().contains("own ONNX"), "{repo}: {gpu}");
+            continue;
+        }
+        assert_eq!(gpu["graph"], "model.fp16.onnx", "{repo}: {gpu}");
+        assert!(gpu["attention"].as_str().unwrap().starts_with("Attention"), "{repo}: {gpu}");
+        let id = format!("{}-gpu-graph", repo.trim_start_matches("eeane-test/"));
+        config +=
+            &format!("[[models]]\nid = \"{id}\"\nsource = \"hf:{repo}\"\nmodel = \"{}\"\npooling = \"none\"\n", prepared.join("model.fp16.onnx").display());
+        gpu_graphs.push((id, repo));
+    }
     assert!(config.contains("pooling = \"none\"  # 1_Pooling/config.json (mean) and 2_Dense"), "{config}");
     // ncnn's converted graph does not carry Dense modules: refused before the weights come.
     let refused = pull_with(&["--engine", "ncnn"], home.path(), &hub.endpoint, "hf:eeane-test/minilm-dense", &[]);
@@ -631,7 +652,10 @@ fn dense_modules_and_camembert_serve_what_the_repository_declares() {
     forget_kept_survey("hf--sentence-transformers--all-MiniLM-L6-v2", "minilm-auto");
     let server = common::Server::start(Some(&config), &[("HF_HOME", home.path().to_str().unwrap()), ("HF_ENDPOINT", hub.endpoint.as_str())]);
     let texts = common::fixture_texts();
-    for (model, repo, width) in repos.iter().map(|r| (*r, *r, if r.contains("dense") { 128 } else { 384 })).chain([("dense-openvino", repos[0], 128)]) {
+    let width = |repo: &str| if repo.contains("dense") { 128 } else { 384 };
+    let served = repos.iter().map(|r| (*r, *r)).chain([("dense-openvino", repos[0])]).chain(gpu_graphs.iter().map(|(id, repo)| (id.as_str(), *repo)));
+    for (model, repo) in served {
+        let width = width(repo);
         let (status, response) = server.post("/v1/embeddings", &serde_json::json!({"model": model, "input": texts}));
         assert_eq!(status, 200, "{model}: {response}");
         let served = common::vectors(&response);

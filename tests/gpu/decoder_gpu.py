@@ -87,12 +87,14 @@ def peers(repo, texts_file, prefix):
 
     import numpy as np
     import torch
+    from tokenizers import Tokenizer
+    from transformers import Qwen3Model
+
+    from length_batches import length_sorted_batches
 
     # PEERS_DEVICE=cpu: a dry run of this code on a machine without a GPU.
     device = os.environ.get("PEERS_DEVICE", "cuda")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    from tokenizers import Tokenizer
-    from transformers import Qwen3Model
 
     texts = json.loads(Path(texts_file).read_text())
     tok = Tokenizer.from_file(str(Path(repo) / "tokenizer.json"))
@@ -100,18 +102,11 @@ def peers(repo, texts_file, prefix):
     tok.enable_truncation(MAX_TOKENS)
     encoded = [tok.encode(t).ids for t in texts]
     lengths = np.array([len(e) for e in encoded])
-    order = np.argsort(-lengths, kind="stable")
     report = {"texts": len(texts), "mean_tokens": float(lengths.mean()), "max_tokens": int(lengths.max()), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "none (dry run)"}
 
     def batches(size):
-        for start in range(0, len(order), size):
-            rows = order[start:start + size]
-            seq = int(lengths[rows].max())
-            ids = np.zeros((len(rows), seq), np.int64)
-            for r, i in enumerate(rows):
-                ids[r, : lengths[i]] = encoded[i]
-            mask = (np.arange(seq)[None, :] < lengths[rows][:, None]).astype(np.int64)
+        for rows, ids, mask in length_sorted_batches(encoded, size):
             yield rows, torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
 
     def last_token(hidden, mask):

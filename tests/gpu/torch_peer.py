@@ -14,6 +14,8 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from length_batches import length_sorted_batches
+
 texts = json.load(open(sys.argv[1]))
 model_dir, plain_onnx, prefix = sys.argv[2], sys.argv[3], sys.argv[4]
 tok = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
@@ -21,18 +23,11 @@ tok.no_padding()
 tok.enable_truncation(256)
 encoded = [tok.encode(t).ids for t in texts]
 lengths = np.array([len(e) for e in encoded])
-order = np.argsort(-lengths, kind="stable")
 report = {"texts": len(texts), "mean_tokens": float(lengths.mean()), "max_tokens": int(lengths.max())}
 
 
 def batches(size):
-    for start in range(0, len(order), size):
-        rows = order[start:start + size]
-        seq = int(lengths[rows].max())
-        ids = np.zeros((len(rows), seq), np.int64)
-        for r, i in enumerate(rows):
-            ids[r, : lengths[i]] = encoded[i]
-        yield rows, ids, (np.arange(seq)[None, :] < lengths[rows][:, None]).astype(np.int64)
+    return length_sorted_batches(encoded, size)
 
 
 def pooled(hidden, mask):
