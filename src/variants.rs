@@ -940,6 +940,12 @@ mod tests {
         let offered: Vec<(String, String, bool)> = offered.iter().map(|c| (c.label(), file_name(&c.graph), c.pooled_in_graph)).collect();
         assert_eq!(offered, [("onnxruntime fp32".into(), "model.onnx".into(), false), ("onnxruntime fp16".into(), "model.fp16.onnx".into(), true)]);
         assert!(absent.is_empty(), "{absent:?}");
+        // The fp16 graph pools inside: its variant is served with pooling = "none".
+        let server = Config::load(Some(&file), &crate::config::CliOverrides::default()).unwrap();
+        let (offered, _) = candidates(&config, &cpu);
+        let fp16 = variant_config(&config, &server, &offered[1]).unwrap();
+        assert_eq!((fp16.pooling, fp16.model.path()), (crate::config::Pooling::None, dir.path().join("model.fp16.onnx")));
+        assert_eq!(variant_config(&config, &server, &offered[0]).unwrap().pooling, config.pooling);
         // The same folder on the CPU: the quantized graph, never the GPU's.
         config.device = Devices::cpu();
         let (offered, _) = candidates(&config, &cpu);
