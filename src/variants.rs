@@ -4,7 +4,9 @@
 //! A variant is an engine, a precision it offers on this CPU
 //! (`Backend::cpu_precisions`) and a graph: the entry's own fp32 graph, and a
 //! quantized one beside it when the model ships one (`{stem}_int8.onnx` or
-//! Optimum's `{stem}_quantized.onnx`). The survey loads each variant as it
+//! Optimum's `{stem}_quantized.onnx`). On a GPU (`Backend::device_precisions`)
+//! the fp32 graph and the GPU's fp16 graph beside it (`{stem}.fp16.onnx`),
+//! measured on the entry's devices. The survey loads each variant as it
 //! would be served (its engine process, its buckets), embeds check texts with
 //! it and with the fp32 reference (ONNX Runtime on the fp32 graph), and times
 //! each on the same texts in interleaved rounds, keeping each one's best round
@@ -240,8 +242,8 @@ fn no_fp16_graph(fp32: &Path) -> String {
     match made_graphs(fp32).iter().find_map(|c| c["graph"].is_null().then(|| c["why"].as_str().map(str::to_string)).flatten()) {
         Some(why) => format!("no GPU graph was made: {why}"),
         None => format!(
-            "no {} beside {} (a Hub model's is made when its entry is on a CUDA device with precision = \"auto\")",
-            file_name(&fp32.with_file_name(format!("{}.fp16.onnx", fp32.file_stem().unwrap_or_default().to_string_lossy()))),
+            "no {}.fp16.onnx beside {} (a Hub model's is made when its entry is on a CUDA device with precision = \"auto\")",
+            fp32.file_stem().unwrap_or_default().to_string_lossy(),
             file_name(fp32)
         ),
     }
