@@ -930,9 +930,11 @@ mod tests {
         let mut config = Config::load(Some(&file), &crate::config::CliOverrides::default()).unwrap().models.remove(0);
         let cpu = CpuFeatures { bf16: true, int8_dot: true };
 
+        // The engine that measures variants on CUDA devices.
+        let engine = crate::engines::ENGINES.iter().find(|e| !e.device_precisions(GraphKind::Float32, &config.device).is_empty()).unwrap().name();
         manifest(serde_json::json!({"graph": null, "why": "rerankers keep their fp32 graph"})).unwrap();
         let (offered, absent) = candidates(&config, &cpu);
-        assert_eq!(offered.iter().map(Candidate::label).collect::<Vec<_>>(), ["onnxruntime fp32"]);
+        assert_eq!(offered.iter().map(Candidate::label).collect::<Vec<_>>(), [format!("{engine} fp32")]);
         assert_eq!(absent.len(), 1, "{absent:?}");
         assert!(absent[0].not_measured.as_deref().unwrap().contains("rerankers keep their fp32 graph"), "{absent:?}");
 
@@ -940,7 +942,7 @@ mod tests {
         manifest(serde_json::json!({"graph": "model.fp16.onnx", "pooling_in_graph": "last_token"})).unwrap();
         let (offered, absent) = candidates(&config, &cpu);
         let offered: Vec<(String, String, bool)> = offered.iter().map(|c| (c.label(), file_name(&c.graph), c.pooled_in_graph)).collect();
-        assert_eq!(offered, [("onnxruntime fp32".into(), "model.onnx".into(), false), ("onnxruntime fp16".into(), "model.fp16.onnx".into(), true)]);
+        assert_eq!(offered, [(format!("{engine} fp32"), "model.onnx".into(), false), (format!("{engine} fp16"), "model.fp16.onnx".into(), true)]);
         assert!(absent.is_empty(), "{absent:?}");
         // The fp16 graph pools inside: its variant is served with pooling = "none".
         let server = Config::load(Some(&file), &crate::config::CliOverrides::default()).unwrap();

@@ -154,7 +154,7 @@ impl Config {
                 if !m.device.all_cpu() && !auto_runs_on(m) {
                     return invalid(
                         key("precision"),
-                        format!("\"auto\" measures variants on the CPU and on CUDA devices (onnxruntime); name a precision for device {:?}", m.device),
+                        format!("\"auto\" measures variants on the CPU and on CUDA devices; name a precision for device {:?}", m.device),
                     );
                 }
                 if m.device.all_cpu() && m.device.len() > 1 {
