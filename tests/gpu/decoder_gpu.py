@@ -37,9 +37,6 @@ MAX_TOKENS = 256
 
 
 def make(out, tiny=False):
-    import torch
-    from transformers import Qwen3Config, Qwen3Model
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -49,11 +46,20 @@ def make(out, tiny=False):
                  vocab_size=512) if tiny else \
         dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              vocab_size=151669)
-    config = Qwen3Config(**shape, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                         eos_token_id=eos, pad_token_id=eos, bos_token_id=eos)
-    torch.manual_seed(0)
-    model = Qwen3Model(config).eval().to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
+    common = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, eos_token_id=eos,
+                  pad_token_id=eos, bos_token_id=eos)
+    try:
+        import torch
+        from transformers import Qwen3Config, Qwen3Model
+    except ImportError as e:
+        # A transformers without Qwen3 (older than 4.51): the same files by hand.
+        print(f"transformers' Qwen3Model is not here ({e}); writing the checkpoint with numpy")
+        parameters = write_numpy_checkpoint(out, shape, common)
+    else:
+        torch.manual_seed(0)
+        model = Qwen3Model(Qwen3Config(**shape, **common)).eval().to(torch.bfloat16)
+        model.save_pretrained(out, safe_serialization=True)
+        parameters = sum(p.numel() for p in model.parameters())
     # sentence-transformers' files, as SentenceTransformer.save writes them.
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -66,7 +72,42 @@ def make(out, tiny=False):
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_TOKENS, "do_lower_case": False}))
     (out / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "Instruct: find the code\nQuery:"},
                                                                        "default_prompt_name": None, "similarity_fn_name": "cosine"}))
-    print(f"{out}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, bfloat16")
+    print(f"{out}: {parameters / 1e6:.0f}M parameters, bfloat16")
+
+
+def write_numpy_checkpoint(out, shape, common):
+    """config.json and model.safetensors (bfloat16, random normal * 0.02,
+    norms 1) of a Qwen3Model, as save_pretrained names them. Returns the
+    parameter count."""
+    import numpy as np
+
+    h, n, kv, d, inter = (shape[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"))
+    shapes = {"embed_tokens.weight": (shape["vocab_size"], h), "norm.weight": (h,)}
+    for i in range(shape["num_hidden_layers"]):
+        p = f"layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                       p + "self_attn.q_proj.weight": (n * d, h), p + "self_attn.k_proj.weight": (kv * d, h),
+                       p + "self_attn.v_proj.weight": (kv * d, h), p + "self_attn.o_proj.weight": (h, n * d),
+                       p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
+                       p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h), p + "mlp.down_proj.weight": (h, inter)})
+    rng = np.random.default_rng(0)
+    header, offset = {}, 0
+    for name, dims in shapes.items():
+        size = int(np.prod(dims)) * 2
+        header[name] = {"dtype": "BF16", "shape": list(dims), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(out / "model.safetensors", "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for name, dims in shapes.items():
+            values = np.ones(dims, np.float32) if name.endswith("norm.weight") else rng.standard_normal(dims, np.float32) * 0.02
+            f.write((values.view(np.uint32) >> 16).astype(np.uint16).tobytes())  # bfloat16: float32's upper half
+    config = {"architectures": ["Qwen3Model"], "model_type": "qwen3", "hidden_act": "silu", "attention_bias": False,
+              "torch_dtype": "bfloat16", **shape, **common}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return sum(int(np.prod(dims)) for dims in shapes.values())
 
 
 def settings(repo):
