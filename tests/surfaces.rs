@@ -32,9 +32,14 @@ fn ok(server: &Server, path: &str, body: Value) -> Value {
 }
 
 fn get(server: &Server, path: &str) -> Value {
+    let (status, body) = get_status(server, path);
+    assert_eq!(status, 200, "{path}: {body}");
+    body
+}
+
+fn get_status(server: &Server, path: &str) -> (u16, Value) {
     let response = reqwest::blocking::Client::new().get(format!("{}{path}", server.url)).bearer_auth(KEY).send().unwrap();
-    assert_eq!(response.status(), 200, "{path}");
-    response.json().unwrap()
+    (response.status().as_u16(), response.json().unwrap())
 }
 
 fn floats(v: &Value) -> Vec<Vec<f32>> {
@@ -346,6 +351,15 @@ fn routes_under_models_id_serve_the_model_the_url_names() {
     // A model the server does not have, named by the URL: the usual 404.
     let (status, body) = post(&server, "/models/nope/v1/embeddings", json!({"input": "x"}));
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")), "{body}");
+    // And by a list route: a 404 naming it, not an empty list (a client
+    // pointed at a misspelt model would otherwise see no models at all).
+    let (status, body) = get_status(&server, "/models/nope/v1/models");
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")), "{body}");
+    for route in ["/models/nope/api/tags", "/models/nope/api/ps"] {
+        let (status, body) = get_status(&server, route);
+        assert_eq!((status, body.as_object().map(|o| o.len())), (404, Some(1)), "{route}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("nope"), "{route}: {body}");
+    }
     // An unknown route under the prefix answers in its API's shape; the server keeps serving.
     let (status, body) = post(&server, "/models/raw/api/nothing", json!({}));
     assert_eq!((status, body.as_object().map(|o| o.len())), (404, Some(1)), "{body}");

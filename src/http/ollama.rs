@@ -265,17 +265,21 @@ fn listed(app: &AppState, m: &ModelHealth, running: bool) -> OllamaModel {
 
 /// Every configured model, as Ollama lists the models it has; under
 /// `/models/{id}`, that one.
-#[utoipa::path(get, path = "/api/tags", operation_id = "ollama_tags", tag = "ollama", responses((status = 200, body = OllamaModels)))]
-pub async fn tags(State(app): State<AppState>, pinned: PinnedModel) -> Json<OllamaModels> {
+#[utoipa::path(get, path = "/api/tags", operation_id = "ollama_tags", tag = "ollama",
+    responses((status = 200, body = OllamaModels), (status = 404, body = super::error::OllamaErrorResponse)))]
+pub async fn tags(State(app): State<AppState>, pinned: PinnedModel) -> Result<Json<OllamaModels>, ApiError> {
+    pinned.known(&app.service).map_err(ollama)?;
     let states = app.service.model_states();
-    Json(OllamaModels { models: states.iter().filter(|m| pinned.admits(&m.id, &m.aliases)).map(|m| listed(&app, m, false)).collect() })
+    Ok(Json(OllamaModels { models: states.iter().filter(|m| pinned.admits(&m.id, &m.aliases)).map(|m| listed(&app, m, false)).collect() }))
 }
 
 /// The loaded models, with when each unloads; under `/models/{id}`, that one if loaded.
-#[utoipa::path(get, path = "/api/ps", operation_id = "ollama_ps", tag = "ollama", responses((status = 200, body = OllamaModels)))]
-pub async fn ps(State(app): State<AppState>, pinned: PinnedModel) -> Json<OllamaModels> {
+#[utoipa::path(get, path = "/api/ps", operation_id = "ollama_ps", tag = "ollama",
+    responses((status = 200, body = OllamaModels), (status = 404, body = super::error::OllamaErrorResponse)))]
+pub async fn ps(State(app): State<AppState>, pinned: PinnedModel) -> Result<Json<OllamaModels>, ApiError> {
+    pinned.known(&app.service).map_err(ollama)?;
     let states = app.service.model_states();
-    Json(OllamaModels { models: states.iter().filter(|m| m.status.loaded && pinned.admits(&m.id, &m.aliases)).map(|m| listed(&app, m, true)).collect() })
+    Ok(Json(OllamaModels { models: states.iter().filter(|m| m.status.loaded && pinned.admits(&m.id, &m.aliases)).map(|m| listed(&app, m, true)).collect() }))
 }
 
 /// The Ollama API version this server answers to.

@@ -334,8 +334,9 @@ pub struct ModelObject {
 }
 
 /// Every servable model, with its state; under `/models/{id}`, that one.
-#[utoipa::path(get, path = "/v1/models", tag = "models", responses((status = 200, body = ModelList)))]
-pub async fn models(State(app): State<AppState>, pinned: PinnedModel) -> Json<ModelList> {
+#[utoipa::path(get, path = "/v1/models", tag = "models", responses((status = 200, body = ModelList), (status = 404, body = super::error::ErrorResponse)))]
+pub async fn models(State(app): State<AppState>, pinned: PinnedModel) -> Result<Json<ModelList>, ApiError> {
+    pinned.known(&app.service)?;
     let data = app
         .service
         .model_states()
@@ -356,5 +357,5 @@ pub async fn models(State(app): State<AppState>, pinned: PinnedModel) -> Json<Mo
             loaded: m.status.loaded,
         })
         .collect();
-    Json(ModelList { object: "list", data })
+    Ok(Json(ModelList { object: "list", data }))
 }

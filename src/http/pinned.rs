@@ -14,7 +14,7 @@ use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::request::Parts;
 
 use super::error::ApiError;
-use crate::serving::{Service, INFINITY_NO_MODEL};
+use crate::serving::{RequestError, Service, INFINITY_NO_MODEL};
 
 /// The route parameters of the prefix: `/models/{pinned_model}` and
 /// `/models/{pinned_model}/{pinned_name}`.
@@ -66,6 +66,18 @@ impl PinnedModel {
                 format!("the URL names model {pinned:?} and the body {named:?}: leave model out of the body, or post to /models/{named}/..."),
             )
             .with_param("model")),
+        }
+    }
+
+    /// Under `/models/{id}`, a 404 naming the model when no entry is called
+    /// so: a list route would otherwise answer a typo with an empty list.
+    pub fn known(&self, service: &Service) -> Result<(), RequestError> {
+        match &self.0 {
+            Some(name) if !service.has_model(name) => {
+                let states = service.model_states();
+                Err(RequestError::unknown_model(name, states.iter().map(|m| m.id.as_str()).collect()))
+            }
+            _ => Ok(()),
         }
     }
 
