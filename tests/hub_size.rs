@@ -229,6 +229,11 @@ fn a_graph_with_external_data_serves_the_vectors_of_the_one_file_graph() {
         let (cosine, max_abs) = compare(&embed(&server, "external-gpu-graph", &texts), &embed(&server, "inline-gpu-graph", &texts));
         println!("the GPU graph: external data vs one file: min cosine {cosine:.10}, max |difference| {max_abs:.2e}");
         assert!(cosine >= 0.99999999, "{cosine}");
+        // Ollama's list counts the graph with its external data, and the parameters the manifest records.
+        let (_, tags) = server.get("/api/tags");
+        let listed = tags["models"].as_array().unwrap().iter().find(|m| m["name"] == format!("{external}:latest")).unwrap().clone();
+        assert_eq!(listed["size"].as_u64(), Some(graph_bytes + data_bytes), "{listed}");
+        assert_eq!(listed["details"]["parameter_size"], "106.9K", "{listed}");
     }
 
     // Again, in one file: what an interrupted run left (.build) and the

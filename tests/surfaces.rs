@@ -211,6 +211,9 @@ fn ollama_embed_embeddings_tags_ps_and_keep_alive() {
     let model = &tags["models"][0];
     assert_eq!(model["digest"].as_str().unwrap().len(), 64, "the manifest's sha256: {model}");
     assert!(model["size"].as_u64().unwrap() > 1_000_000 && model["details"]["format"] == "onnx", "{model}");
+    // all-MiniLM-L6-v2's parameters as its graph holds them (22.7M less the
+    // pooler, which sentence-transformers does not use), counted from the graph.
+    assert_eq!(model["details"]["parameter_size"], "22.6M", "{model}");
     assert!(get(&server, "/api/version")["version"].is_string());
 }
 

@@ -25,6 +25,20 @@ impl ModelConfig {
         size::prepared(&self.model.path())
     }
 
+    /// Bytes on disk of its model file and the weights its format keeps
+    /// beside it: an ONNX graph's external data (`{file}_data` or
+    /// `{file}.data`, how exporters name it), the `.bin` of an ncnn `.param`
+    /// or an OpenVINO `.xml`.
+    pub fn stored_bytes(&self) -> u64 {
+        let model = self.model.path();
+        let name = model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut files = vec![model.clone(), model.with_file_name(format!("{name}_data")), model.with_file_name(format!("{name}.data"))];
+        if model.extension().is_some_and(|e| e == "param" || e == "xml") {
+            files.push(model.with_extension("bin"));
+        }
+        files.iter().filter_map(|f| std::fs::metadata(f).ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
+    }
+
     /// The precision its weights are held in as it is configured, and the
     /// bytes a parameter takes: the precision its engine keys select, else
     /// the graph's own (its stored bytes over its parameters, rounded; fp32

@@ -229,7 +229,8 @@ fn listed(app: &AppState, m: &ModelHealth, running: bool) -> OllamaModel {
     let config = live.config.models.iter().find(|c| c.id == m.id);
     let path = config.map(|c| c.model.path());
     let file = path.as_deref().and_then(|p| std::fs::metadata(p).ok());
-    let size = file.as_ref().map_or(0, |f| f.len());
+    // The graph and the weights kept beside it (ONNX external data, a .bin).
+    let size = config.map_or(0, |c| c.stored_bytes());
     let format = m.file_format();
     let precision = m.loaded_model.as_ref().map(|l| l.precision.clone()).or_else(|| config.and_then(|c| c.configured_precision()));
     let expires_at = running.then(|| match m.keep_alive {
@@ -250,7 +251,7 @@ fn listed(app: &AppState, m: &ModelHealth, running: bool) -> OllamaModel {
             format: format.to_string(),
             family: m.kind.clone(),
             families: Some(vec![m.kind.clone()]),
-            parameter_size: String::new(),
+            parameter_size: config.and_then(|c| c.weights()).map(|w| parameter_size(w.parameters)).unwrap_or_default(),
             quantization_level: match precision.as_deref() {
                 None | Some("as-graph" | "fp32" | "f32") => "F32".into(),
                 Some("fp16" | "f16") => "F16".into(),
@@ -260,6 +261,16 @@ fn listed(app: &AppState, m: &ModelHealth, running: bool) -> OllamaModel {
         expires_at,
         size_vram: running.then(|| if config.is_none_or(|c| c.device.all_cpu()) { 0 } else { size }),
         context_length: running.then_some(m.max_tokens),
+    }
+}
+
+/// A parameter count as Ollama writes it: "22.7M", "7.6B".
+fn parameter_size(count: u64) -> String {
+    match count as f64 {
+        n if n >= 1e9 => format!("{:.1}B", n / 1e9),
+        n if n >= 1e6 => format!("{:.1}M", n / 1e6),
+        n if n >= 1e3 => format!("{:.1}K", n / 1e3),
+        _ => count.to_string(),
     }
 }
 
