@@ -40,7 +40,7 @@ def _cosine(a, b):
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def why_not(cfg, settings, repository_onnx):
+def why_not(settings, repository_onnx):
     """Why this model gets no GPU graph, or None when it gets one."""
     settings = settings or {}
     if repository_onnx:

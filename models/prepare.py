@@ -1210,7 +1210,7 @@ def gpu_graph_of(build, snapshot, weights_folder, settings, onnx_file):
     import gpu_graph
 
     cfg = json.loads((snapshot / "config.json").read_text())
-    why = gpu_graph.why_not(cfg, settings, repository_onnx=bool(onnx_file) or (snapshot / "onnx" / "model.onnx").is_file())
+    why = gpu_graph.why_not(settings, repository_onnx=bool(onnx_file) or (snapshot / "onnx" / "model.onnx").is_file())
     if why:
         print(f"no GPU graph: {why}")
         return {"graph": None, "why": why}

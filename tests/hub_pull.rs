@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::hub::{files_under, pull_with, python, repo_dir, script, sha256_hex, the_snapshot, LookAlike, Pulled};
+use common::hub::{files_under, on_the_cpu, pull_with, python, repo_dir, script, sha256_hex, the_snapshot, LookAlike, Pulled};
 
 use serde_json::Value;
 
@@ -374,7 +374,7 @@ fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
     // The entries printed for the GPU measure its graph there; CI has no GPU,
     // so they are served on the CPU (their fp32 graph) below.
     assert_eq!(config.matches("device = \"cuda:H200\"\nprecision = \"auto\"").count(), families.len(), "{config}");
-    let mut config: String = config.lines().filter(|l| !l.starts_with("device = ") && !l.starts_with("precision = ")).map(|l| format!("{l}\n")).collect();
+    let mut config = on_the_cpu(&config);
     for family in families {
         let prepared = common::cache_dir().join("models").join(format!("hf--eeane-test--{family}"));
         let manifest: Value = serde_json::from_slice(&std::fs::read(prepared.join("manifest.json")).unwrap()).unwrap();
@@ -621,7 +621,7 @@ fn dense_modules_and_camembert_serve_what_the_repository_declares() {
     let home = tempfile::tempdir().unwrap();
     let repos = ["eeane-test/minilm-dense", "eeane-test/minilm-dense-onnx-only", "eeane-test/minilm-camembert"];
     let pulled = pulled_config_with(&["--device", "cuda:H200"], &hub, home.path(), &repos);
-    let mut config: String = pulled.lines().filter(|l| !l.starts_with("device = ") && !l.starts_with("precision = ")).map(|l| format!("{l}\n")).collect();
+    let mut config = on_the_cpu(&pulled);
     let mut gpu_graphs = Vec::new();
     for repo in repos {
         let prepared = common::cache_dir().join("models").join(format!("hf--{}", repo.replace('/', "--")));

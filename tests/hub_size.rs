@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::hub::{python, LookAlike};
+use common::hub::{on_the_cpu, python, LookAlike};
 
 use serde_json::Value;
 
@@ -76,7 +76,7 @@ fn pull(home: &Path, hub: &LookAlike, repo: &str, env: &[(&str, &str)]) -> Resul
 fn pull_for_the_gpu(home: &Path, hub: &LookAlike, repo: &str, env: &[(&str, &str)]) -> Result<String, String> {
     let entry = pull_with_flags(&["--device", "cuda:H200"], home, hub, repo, env)?;
     assert!(entry.contains("device = \"cuda:H200\"\nprecision = \"auto\""), "{entry}");
-    Ok(entry.lines().filter(|l| !l.starts_with("device = ") && !l.starts_with("precision = ")).map(|l| format!("{l}\n")).collect())
+    Ok(on_the_cpu(&entry))
 }
 
 fn pull_with_flags(flags: &[&str], home: &Path, hub: &LookAlike, repo: &str, env: &[(&str, &str)]) -> Result<String, String> {

@@ -88,6 +88,12 @@ pub fn pull_with(flags: &[&str], home: &Path, endpoint: &str, source: &str, env:
     Pulled { ok: out.status.success(), stdout: String::from_utf8_lossy(&out.stdout).into(), stderr: String::from_utf8_lossy(&out.stderr).into() }
 }
 
+/// Entries `eeane pull --device cuda:...` printed, for the CPU that serves
+/// them in tests: without their `device` and `precision = "auto"` lines.
+pub fn on_the_cpu(entries: &str) -> String {
+    entries.lines().filter(|l| !l.starts_with("device = ") && !l.starts_with("precision = ")).map(|l| format!("{l}\n")).collect()
+}
+
 /// A repository's folder in the HF cache under `home`.
 pub fn repo_dir(home: &Path, repo: &str) -> PathBuf {
     home.join("hub").join(format!("models--{}", repo.replace('/', "--")))
