@@ -12,7 +12,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/eeane-cuda-out}
 root=/tmp/eeane-cuda
-device=${EEANE_CUDA_DEVICE:-cuda:H200}
+# The card by its model (H200, H100) as nvidia-smi names it.
+device=${EEANE_CUDA_DEVICE:-cuda:$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | awk '{print $2}')}
 texts_n=${EEANE_CUDA_TEXTS:-4000}
 py=${PYTHON:-python3}
 mkdir -p "$OUT" "$root/cache/downloads"

@@ -22,7 +22,7 @@ root=/tmp/eeane-cuda
 # files named with LOAD_NAME; LOAD_WAIT_WARM=0 for a build that warms at load.
 eeane=${EEANE_BIN:-$root/eeane}
 name=${LOAD_NAME:-}
-device=cuda:H200
+device=cuda:$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | awk '{print $2}')
 seconds=${LOAD_SECONDS:-15}
 mkdir -p "$OUT"
 export EEANE_CACHE_DIR=$root/cache

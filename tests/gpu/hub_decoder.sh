@@ -22,7 +22,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/eeane-cuda-out}
 root=/tmp/eeane-cuda
 py=${PYTHON:-python3}
-device=${EEANE_CUDA_DEVICE:-cuda:H200}
+# The card by its model (H200, H100) as nvidia-smi names it.
+device=${EEANE_CUDA_DEVICE:-cuda:$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | awk '{print $2}')}
 steps=${HUB_STEPS:-make peers serve}
 shape=${HUB_SHAPE:-}
 repo=$root/qwen3-0.6b-shaped$shape
