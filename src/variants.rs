@@ -14,7 +14,10 @@
 //! their ratios honest). Its figures and verdicts are kept in the model's
 //! manifest.json under `variants.{id}`, or in `{cache}/variants/{id}.json`
 //! for a model without a manifest, and measured again only when the machine,
-//! the graphs or the entry's batching settings change.
+//! the graphs or the entry's batching settings change. Variants whose weights
+//! together exceed the memory left beside the served reference (the host's,
+//! or the GPU's) are loaded and timed one at a time instead, each unloaded
+//! before the next, and one that does not fit even alone is not loaded.
 //!
 //! The variant chosen is then measured as several engines fed from the
 //! model's one queue, each on its own share of the cores (`engine_layouts`),
@@ -31,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{AutoPrecision, Config, ModelConfig};
 use crate::model::{Inputs, LoadedModel, ModelError, Output, VariantNote};
+use crate::pull::size::{human_bytes, Available, Need};
 
 /// A variant is served only when its lowest cosine to the reference is at least this.
 pub const MIN_COSINE: f64 = 0.9999;
@@ -625,69 +629,95 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
     })?;
     tracing::info!(model = %config.id, variants = offered.len(), "precision = auto: measuring the variants on this machine");
     let started = Instant::now();
-    let mut loaded: Vec<(Candidate, Result<LoadedModel, ModelError>)> = Vec::new();
-    for candidate in offered {
-        let model = match variant_config(config, server, &candidate) {
-            Ok(variant) => LoadedModel::load(&variant, server).await,
-            Err(e) => Err(ModelError::Engine(e)),
-        };
-        if candidate == reference {
-            if let Err(e) = &model {
-                return Err(ModelError::Engine(EngineError::Model(format!("the fp32 reference ({}) could not be loaded: {e}", reference.label()))));
-            }
-        }
-        loaded.push((candidate, model));
+    let variants: Vec<Result<ModelConfig, EngineError>> = offered.iter().map(|c| variant_config(config, server, c)).collect();
+    let needs: Vec<Option<(Need, Available)>> = variants.iter().map(|v| v.as_ref().ok().and_then(ModelConfig::memory_need)).collect();
+    let alone = one_at_a_time(
+        &needs.iter().map(|n| n.as_ref().map(|(need, _)| need.bytes())).collect::<Vec<_>>(),
+        needs.iter().flatten().map(|(_, room)| room.bytes).next(),
+    );
+    if alone {
+        tracing::info!(model = %config.id, "precision = auto: the variants' weights together exceed the memory there is; measuring them one at a time");
     }
     let (checks, timing) = (check_texts(config.max_tokens), crate::corpus::corpus(128, 7));
     let (check_count, timing_count) = (checks.len(), timing.len());
     let (checks, timing) = (Arc::new(Inputs::Texts(checks)), Arc::new(Inputs::Texts(timing)));
-    let mut outputs: Vec<Option<Result<Vec<Vec<f32>>, ModelError>>> = Vec::new();
-    for (_, model) in &loaded {
-        outputs.push(match model {
-            Ok(m) => Some(m.embed(checks.clone(), None).await.map(|i| vectors(i.output))),
-            Err(_) => None,
-        });
+    let mut trials: Vec<Trial> = Vec::new();
+    for (i, variant) in variants.iter().enumerate() {
+        let trial = match variant {
+            Err(e) => Trial::failed(format!("could not be loaded: {e}")),
+            Ok(variant) => match variant.memory_need().filter(|(need, room)| alone && need.bytes() > room.bytes) {
+                // Measured alone and still too big: not loaded at all (no swap, no OOM kill).
+                Some((need, room)) => Trial::failed(format!(
+                    "not measured: its weights need {} ({}); {} are {}",
+                    human_bytes(need.bytes()),
+                    need.explained(),
+                    human_bytes(room.bytes),
+                    room.from
+                )),
+                None => Trial::load(variant, server, &checks).await,
+            },
+        };
+        if i == 0 {
+            if let Err(e) = &trial.outcome {
+                // Beside the served reference there may be no room for a second copy; `eeane survey` has the model's memory to itself.
+                let fix = if alone { "; `eeane survey --config FILE` measures the variants while the model is not served" } else { "" };
+                return Err(ModelError::Engine(EngineError::Model(format!("the fp32 reference ({}) {e}{fix}", offered[0].label()))));
+            }
+        }
+        trials.push(trial);
+        if alone {
+            // Warmed, timed by itself, and unloaded before the next loads.
+            let trial = trials.last_mut().expect("just pushed");
+            trial.time(&timing).await;
+            trial.model = None;
+        }
     }
-    let want = match &outputs[0] {
-        Some(Ok(v)) => v.clone(),
-        Some(Err(e)) => return Err(ModelError::Engine(EngineError::Inference(format!("the fp32 reference failed the check texts: {e}")))),
-        None => unreachable!("the reference loaded"),
-    };
-    // Warm each, then interleaved rounds; each variant keeps its best.
-    let mut best = vec![f64::INFINITY; loaded.len()];
-    for round in 0..=TIMING_ROUNDS {
-        for (i, (_, model)) in loaded.iter().enumerate() {
-            let (Ok(m), Some(Ok(_))) = (model, &outputs[i]) else { continue };
-            let t = Instant::now();
-            if m.embed(timing.clone(), None).await.is_ok() && round > 0 {
-                best[i] = best[i].min(t.elapsed().as_secs_f64());
+    if !alone {
+        // Warm each, then interleaved rounds; each variant keeps its best.
+        for round in 0..=TIMING_ROUNDS {
+            for trial in trials.iter_mut() {
+                trial.time_once(&timing, round > 0).await;
             }
         }
     }
+    let want = match &trials[0].outcome {
+        Ok(v) => v.clone(),
+        Err(e) => return Err(ModelError::Engine(EngineError::Inference(format!("the fp32 reference: {e}")))),
+    };
     let texts = timing_count as f64;
+    let reference_best = trials[0].best;
     let mut measured: Vec<Measured> = Vec::new();
-    for (i, (candidate, model)) in loaded.iter().enumerate() {
+    for (candidate, trial) in offered.iter().zip(&trials) {
         let mut m = Measured::unmeasured(candidate.label(), file_name(&candidate.graph));
-        match (model, &outputs[i]) {
-            (Err(e), _) => m.not_measured = Some(format!("could not be loaded: {e}")),
-            (Ok(_), Some(Err(e))) => m.not_measured = Some(format!("failed the check texts: {e}")),
-            (Ok(_), Some(Ok(got))) => {
+        match &trial.outcome {
+            Err(why) => m.not_measured = Some(why.clone()),
+            Ok(got) => {
                 (m.min_cosine, m.mean_cosine) = agreement(got, &want);
-                if best[i].is_finite() {
-                    m.texts_per_s = Some(texts / best[i]);
-                    m.speed_vs_reference = Some(best[0] / best[i]);
+                if trial.best.is_finite() {
+                    m.texts_per_s = Some(texts / trial.best);
+                    m.speed_vs_reference = Some(reference_best / trial.best);
                 }
             }
-            (Ok(_), None) => unreachable!("a loaded variant has its check output"),
         }
         measured.push(m);
     }
     measured.extend(plan.absent.iter().cloned());
     let (mut chosen, mut reason) = choose(&reference.label(), &measured);
-    // The chosen variant stays loaded; the others go.
-    let (chosen_candidate, mut model) = match loaded.into_iter().find(|(c, _)| c.label() == chosen) {
-        Some((candidate, Ok(model))) => (candidate, model),
-        _ => return Err(ModelError::Engine(EngineError::Model(format!("the chosen variant {chosen} is not loaded")))),
+    if alone {
+        reason = format!("{reason} (measured one at a time: together they exceed the memory there is)");
+    }
+    // The chosen variant stays loaded (or loads again, when each was unloaded after its turn); the others go.
+    let Some(at) = offered.iter().position(|c| c.label() == chosen) else {
+        return Err(ModelError::Engine(EngineError::Model(format!("the chosen variant {chosen} is not among those offered"))));
+    };
+    let chosen_candidate = offered[at].clone();
+    let mut model = match trials.swap_remove(at).model {
+        Some(model) => model,
+        None => {
+            drop(trials);
+            let variant = variants[at].as_ref().map_err(|e| ModelError::Engine(e.clone()))?;
+            LoadedModel::load(variant, server).await?
+        }
     };
     let base = measured.iter().find(|m| m.variant == chosen).cloned();
     if let Some(base) = base.filter(|_| !layouts(config).is_empty()) {
@@ -712,6 +742,58 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
         measured_at_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
     Ok((survey, model))
+}
+
+/// One variant in the survey: the model while it is loaded, its vectors for
+/// the check texts (or why there are none) and its best timing round.
+struct Trial {
+    model: Option<LoadedModel>,
+    outcome: Result<Vec<Vec<f32>>, String>,
+    best: f64,
+}
+
+impl Trial {
+    fn failed(why: String) -> Self {
+        Trial { model: None, outcome: Err(why), best: f64::INFINITY }
+    }
+
+    /// Loads the variant and embeds the check texts with it.
+    async fn load(variant: &ModelConfig, server: &Config, checks: &Arc<Inputs>) -> Self {
+        match LoadedModel::load(variant, server).await {
+            Err(e) => Trial::failed(format!("could not be loaded: {e}")),
+            Ok(model) => match model.embed(checks.clone(), None).await {
+                Ok(inference) => Trial { outcome: Ok(vectors(inference.output)), model: Some(model), best: f64::INFINITY },
+                Err(e) => Trial { outcome: Err(format!("failed the check texts: {e}")), model: Some(model), best: f64::INFINITY },
+            },
+        }
+    }
+
+    /// One timing round on `timing`, kept when `counted` (the first warms).
+    async fn time_once(&mut self, timing: &Arc<Inputs>, counted: bool) {
+        let (Some(model), Ok(_)) = (&self.model, &self.outcome) else { return };
+        let t = Instant::now();
+        if model.embed(timing.clone(), None).await.is_ok() && counted {
+            self.best = self.best.min(t.elapsed().as_secs_f64());
+        }
+    }
+
+    /// A warm-up and every timing round, by itself.
+    async fn time(&mut self, timing: &Arc<Inputs>) {
+        for round in 0..=TIMING_ROUNDS {
+            self.time_once(timing, round > 0).await;
+        }
+    }
+}
+
+/// Whether the survey loads its variants one at a time: their weights
+/// (`needs`, bytes where known) together exceed `room`, the memory there is
+/// beside the fp32 reference that serves meanwhile. Loaded together they are
+/// timed in interleaved rounds, so that a busy machine's noise falls on all
+/// alike; one at a time no two copies of the weights are in memory beside
+/// the served one (Qwen3-Embedding-4B: 16 GB in fp32, 8 in bf16, 4 in int8).
+fn one_at_a_time(needs: &[Option<u64>], room: Option<u64>) -> bool {
+    let together: u64 = needs.iter().flatten().sum();
+    room.is_some_and(|room| together > room)
 }
 
 /// The layouts surveyed for `config`: none when the entry names its threads
@@ -862,6 +944,19 @@ mod tests {
             speed_vs_reference: Some(speed),
             not_measured: None,
         }
+    }
+
+    #[test]
+    fn variants_that_do_not_fit_together_are_measured_one_at_a_time() {
+        const GIB: u64 = 1 << 30;
+        // Qwen3-Embedding-4B on 24 GiB, its fp32 reference serving: 16 GB
+        // fp32, 8 bf16, 4 int8 beside it do not fit together in what is left.
+        assert!(one_at_a_time(&[Some(16 * GIB), Some(8 * GIB), Some(4 * GIB)], Some(20 * GIB)));
+        assert!(!one_at_a_time(&[Some(16 * GIB), Some(8 * GIB), Some(4 * GIB)], Some(28 * GIB)));
+        // all-MiniLM-L6-v2's 90 MB fit; sizes or memory that cannot be told change nothing.
+        assert!(!one_at_a_time(&[Some(90 << 20), Some(45 << 20), None], Some(20 * GIB)));
+        assert!(!one_at_a_time(&[Some(16 * GIB), Some(8 * GIB)], None));
+        assert!(one_at_a_time(&[None, Some(24 * GIB)], Some(20 * GIB)));
     }
 
     #[test]

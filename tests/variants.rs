@@ -147,3 +147,60 @@ precision = "int8"
     assert_eq!(health["variant"]["measured_at_this_load"], false, "{health}");
     assert!(health.get("survey").is_none(), "a kept survey runs no new one: {health}");
 }
+
+/// Variants that do not fit in memory together are surveyed one at a time:
+/// with `EEANE_MEMORY_LIMIT_MIB` at 150 MiB, all-MiniLM-L6-v2's fp32 copy
+/// (91 MB) fits beside the one that serves, but not with every variant's.
+/// Each is still held to the gate and timed; the chosen one is served and
+/// keeps within 0.9999 of Python onnxruntime's fp32 vectors over HTTP.
+#[test]
+fn variants_that_do_not_fit_together_are_surveyed_one_at_a_time() {
+    let models = tempfile::tempdir().unwrap();
+    model_with_a_lossy_int8(models.path());
+    let dir = models.path().display();
+    let config = format!(
+        r#"
+[[models]]
+id = "auto-one-at-a-time"
+model = "{dir}/model.onnx"
+tokenizer = "{dir}/tokenizer.json"
+pooling = "mean"
+max_tokens = 256
+precision = "auto"
+"#
+    );
+    let server = Server::start(Some(&config), &[("EEANE_MEMORY_LIMIT_MIB", "150")]);
+    let texts = fixture_texts();
+    let want = reference(&texts, 256);
+    server.embed(json!(["first"]), json!({"model": "auto-one-at-a-time"}));
+    let mut health = server.model_health("auto-one-at-a-time");
+    for _ in 0..1200 {
+        if health["survey"]["state"] != "running" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        health = server.model_health("auto-one-at-a-time");
+    }
+    assert_eq!(health["survey"]["state"], "done", "{health}");
+    let survey: Value = serde_json::from_slice(&std::fs::read(cache_dir().join("variants/auto-one-at-a-time.json")).unwrap()).unwrap();
+    eprintln!("survey under a 150 MiB cap: {}", survey["reason"]);
+    assert!(survey["reason"].as_str().unwrap().contains("one at a time"), "{survey}");
+    let variants = survey["variants"].as_array().unwrap();
+    let timed: Vec<&Value> = variants.iter().filter(|v| v["texts_per_s"].is_number()).collect();
+    assert!(timed.len() >= 3, "the fp32 reference and at least two variants were each measured: {survey}");
+    assert_eq!(variants[0]["min_cosine"], 1.0, "{survey}");
+    for v in &timed {
+        eprintln!(
+            "  {:<22} min cosine {:.8}  {:>7.1} texts/s",
+            v["variant"].as_str().unwrap(),
+            v["min_cosine"].as_f64().unwrap(),
+            v["texts_per_s"].as_f64().unwrap()
+        );
+    }
+    let got = server.embed(json!(texts), json!({"model": "auto-one-at-a-time"}));
+    let chosen = server.model_health("auto-one-at-a-time")["variant"]["chosen"].clone();
+    assert!(!chosen.as_str().unwrap().contains("int8"), "a lossy int8 variant was served: {chosen}");
+    let worst = got.iter().zip(&want.vectors).map(|(a, b)| cosine(a, b)).fold(f64::INFINITY, f64::min);
+    eprintln!("{chosen} over HTTP vs Python onnxruntime fp32: min cosine {worst:.8}");
+    assert!(worst >= 0.9999, "{chosen} drifts from the fp32 reference: min cosine {worst}");
+}

@@ -87,22 +87,33 @@ impl ModelConfig {
         offers
     }
 
-    /// Why this machine cannot load the model as configured: its weights at
-    /// its precision, once per engine, need more memory than is available
-    /// (the device's own memory for a GPU that reports it). `None` when they
-    /// fit, or when the size or the available memory cannot be told.
-    pub fn memory_refusal(&self) -> Option<String> {
+    /// The memory its weights take as configured (one copy per engine on the
+    /// device that holds them) and the memory there is for them now: the
+    /// GPU's free memory where its engine reads it, else the host's. `None`
+    /// when the size or the available memory cannot be told.
+    pub fn memory_need(&self) -> Option<(Need, Available)> {
         let weights = self.weights()?;
         let (precision, per) = self.held_as(&weights);
         let engine = crate::engines::find(&self.engine)?;
         let (available, copies) = match engine.device_memory(&self.device) {
             Some(device) => {
                 let free = device.total_mib.saturating_sub(device.used_mib) << 20;
-                (Available { bytes: free, from: format!("free on {}", device.name) }, 1)
+                // Sessions named alike share the card, each with its copy.
+                let on_it = self.device.iter().filter(|d| *d == self.device.first()).count() as u64;
+                (Available { bytes: free, from: format!("free on {}", device.name) }, on_it)
             }
             None => (size::available()?, self.device.len() as u64),
         };
-        let need = Need { weights, precision, bytes_per_parameter: per, copies };
+        Some((Need { weights, precision, bytes_per_parameter: per, copies }, available))
+    }
+
+    /// Why this machine cannot load the model as configured: its weights at
+    /// its precision, once per engine, need more memory than is available
+    /// (the device's own memory for a GPU that reports it). `None` when they
+    /// fit, or when the size or the available memory cannot be told.
+    pub fn memory_refusal(&self) -> Option<String> {
+        let (need, available) = self.memory_need()?;
+        let per = need.bytes_per_parameter;
         let reduced = need.reduced();
         let fix = if reduced.is_empty() {
             "serve a smaller model, or give it more memory".to_string()

@@ -241,11 +241,15 @@ pub struct Available {
 /// This machine's available memory: /proc/meminfo's MemAvailable, or the
 /// room under the process's cgroup memory limit when that is less (its
 /// limit less its use, page cache that can be dropped not counted as use).
-/// `None` where neither can be read (not Linux).
+/// `EEANE_MEMORY_LIMIT_MIB` caps it, for a machine shared with other
+/// services that no cgroup limit tells of. `None` where neither can be read
+/// (not Linux).
 pub fn available() -> Option<Available> {
     let host = meminfo_available(&std::fs::read_to_string("/proc/meminfo").ok()?)?;
     let mut best = Available { bytes: host, from: "MemAvailable in /proc/meminfo".into() };
-    if let Some(room) = cgroup_room() {
+    let limit = std::env::var("EEANE_MEMORY_LIMIT_MIB").ok().and_then(|mib| mib.trim().parse::<u64>().ok());
+    let capped = limit.map(|mib| Available { bytes: mib << 20, from: format!("EEANE_MEMORY_LIMIT_MIB={mib}") });
+    for room in [cgroup_room(), capped].into_iter().flatten() {
         if room.bytes < best.bytes {
             best = room;
         }
