@@ -22,21 +22,32 @@ fn model_with_a_lossy_int8(dir: &std::path::Path) {
     std::fs::copy(&int8, dir.join("model_int8.onnx")).unwrap();
 }
 
+/// An auto entry named `id` on the model in `dir`.
+fn auto_entry(id: &str, dir: &std::path::Path) -> String {
+    let dir = dir.display();
+    format!("\n[[models]]\nid = \"{id}\"\nmodel = \"{dir}/model.onnx\"\ntokenizer = \"{dir}/tokenizer.json\"\npooling = \"mean\"\nmax_tokens = 256\nprecision = \"auto\"\n")
+}
+
+/// /health's entry for `id` once its survey is no longer running (10 minutes at most).
+fn after_the_survey(server: &Server, id: &str, mut health: Value) -> Value {
+    for _ in 0..1200 {
+        if health["survey"]["state"] != "running" {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        health = server.model_health(id);
+    }
+    health
+}
+
 #[test]
 fn auto_serves_a_variant_within_the_gate_and_refuses_the_lossy_int8() {
     let models = tempfile::tempdir().unwrap();
     model_with_a_lossy_int8(models.path());
     let dir = models.path().display();
-    let config = format!(
-        r#"
-[[models]]
-id = "auto-gate"
-model = "{dir}/model.onnx"
-tokenizer = "{dir}/tokenizer.json"
-pooling = "mean"
-max_tokens = 256
-precision = "auto"
-
+    let config = auto_entry("auto-gate", models.path())
+        + &format!(
+            r#"
 [[models]]
 id = "named-int8"
 engine = "onnxruntime"
@@ -46,7 +57,7 @@ pooling = "mean"
 max_tokens = 256
 precision = "int8"
 "#
-    );
+        );
     let server = Server::start(Some(&config), &[]);
     let before = server.model_health("auto-gate");
     assert_eq!(before["precision_rule"], "auto", "{before}");
@@ -67,14 +78,7 @@ precision = "int8"
 
     // The survey ends on its own (its time shown apart from the load's), and
     // the slot switches to the variant it chose.
-    let mut health = during;
-    for _ in 0..1200 {
-        if health["survey"]["state"] != "running" {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        health = server.model_health("auto-gate");
-    }
+    let health = after_the_survey(&server, "auto-gate", during);
     assert_eq!(health["survey"]["state"], "done", "{health}");
     assert_eq!(health["survey"]["switched"], true, "{health}");
     eprintln!("survey: {} s beside a {} ms load", health["survey"]["seconds"], health["load_ms"]);
@@ -157,30 +161,12 @@ precision = "int8"
 fn variants_that_do_not_fit_together_are_surveyed_one_at_a_time() {
     let models = tempfile::tempdir().unwrap();
     model_with_a_lossy_int8(models.path());
-    let dir = models.path().display();
-    let config = format!(
-        r#"
-[[models]]
-id = "auto-one-at-a-time"
-model = "{dir}/model.onnx"
-tokenizer = "{dir}/tokenizer.json"
-pooling = "mean"
-max_tokens = 256
-precision = "auto"
-"#
-    );
+    let config = auto_entry("auto-one-at-a-time", models.path());
     let server = Server::start(Some(&config), &[("EEANE_MEMORY_LIMIT_MIB", "150")]);
     let texts = fixture_texts();
     let want = reference(&texts, 256);
     server.embed(json!(["first"]), json!({"model": "auto-one-at-a-time"}));
-    let mut health = server.model_health("auto-one-at-a-time");
-    for _ in 0..1200 {
-        if health["survey"]["state"] != "running" {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        health = server.model_health("auto-one-at-a-time");
-    }
+    let health = after_the_survey(&server, "auto-one-at-a-time", server.model_health("auto-one-at-a-time"));
     assert_eq!(health["survey"]["state"], "done", "{health}");
     let survey: Value = serde_json::from_slice(&std::fs::read(cache_dir().join("variants/auto-one-at-a-time.json")).unwrap()).unwrap();
     eprintln!("survey under a 150 MiB cap: {}", survey["reason"]);
