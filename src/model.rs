@@ -219,6 +219,12 @@ impl LoadedModel {
         self.worker.info()
     }
 
+    /// Unloads it and waits, up to `limit`, until its engines have given
+    /// their memory back.
+    pub async fn unload(self, limit: std::time::Duration) {
+        self.worker.unload(limit).await
+    }
+
     pub fn stats(&self) -> &crate::batcher::WorkerStats {
         &self.worker.stats
     }

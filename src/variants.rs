@@ -45,6 +45,10 @@ const FASTER_BY: f64 = 1.05;
 
 const TIMING_ROUNDS: usize = 3;
 
+/// How long a variant measured alone may take to give its memory back
+/// before the next loads (an engine process's exit, a runtime's teardown).
+const UNLOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Texts of the layout rounds: enough batches that eight engines all run.
 const LAYOUT_TIMING_TEXTS: usize = 256;
 
@@ -669,7 +673,9 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
             // Warmed, timed by itself, and unloaded before the next loads.
             let trial = trials.last_mut().expect("just pushed");
             trial.time(&timing).await;
-            trial.model = None;
+            if let Some(model) = trial.model.take() {
+                model.unload(UNLOAD_WAIT).await;
+            }
         }
     }
     if !alone {

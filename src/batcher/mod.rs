@@ -94,6 +94,8 @@ pub struct WorkerStats {
     pub engine_pids: std::sync::Mutex<Vec<Option<u32>>>,
     /// Engine processes started again after they died.
     pub engine_restarts: AtomicU64,
+    /// This model's engine threads that hold (or are loading) an engine.
+    engines_alive: AtomicUsize,
 }
 
 /// How a device thread gets its engine.
@@ -230,17 +232,20 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
     let (place, place_rx) = mpsc::channel::<usize>();
     let model = name.to_string();
     ENGINE_THREADS.fetch_add(1, Ordering::SeqCst);
+    stats.engines_alive.fetch_add(1, Ordering::SeqCst);
+    let counted = stats.clone();
     std::thread::Builder::new()
         .name(format!("engine-{name}-{position}"))
         .spawn(move || {
             // Counts this thread down however it ends.
-            struct Alive;
+            struct Alive(Arc<WorkerStats>);
             impl Drop for Alive {
                 fn drop(&mut self) {
+                    self.0.engines_alive.fetch_sub(1, Ordering::SeqCst);
                     ENGINE_THREADS.fetch_sub(1, Ordering::SeqCst);
                 }
             }
-            let _alive = Alive;
+            let _alive = Alive(stats.clone());
             // Before the engine starts: its runtime's threads, or its engine
             // process and that process's restarts, inherit this thread's mask.
             let pinned = cpus.filter(|set| match crate::cpu_sets::pin_current_thread(set) {
@@ -325,6 +330,7 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
             metrics::histogram!("eeane_model_unload_seconds", "model" => model.clone()).record(unloading.elapsed().as_secs_f64());
         })
         .map_err(|e| {
+            counted.engines_alive.fetch_sub(1, Ordering::SeqCst);
             ENGINE_THREADS.fetch_sub(1, Ordering::SeqCst);
             EngineError::Runtime(format!("cannot start the engine thread: {e}"))
         })?;
@@ -407,6 +413,18 @@ impl EngineWorker {
 
     pub fn info(&self) -> &EngineInfo {
         &self.info
+    }
+
+    /// Stops the model and waits, up to `limit`, until its engines are
+    /// dropped and their memory given back: for a caller that loads another
+    /// model in its place (dropping the handle alone returns at once).
+    pub async fn unload(self, limit: Duration) {
+        let stats = self.stats.clone();
+        drop(self);
+        let until = Instant::now() + limit;
+        while stats.engines_alive.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Embeds `seqs`, returning one vector per sequence in the same order. If
@@ -711,6 +729,40 @@ mod tests {
         }
         let info = EngineInfo { device: spec.device.to_string(), ..echo(spec)?.info().clone() };
         Ok(Box::new(SlowEcho(EchoEngine(info))))
+    }
+
+    /// Engines of SLOW_TO_DROP dropped so far.
+    static DROPPED: AtomicUsize = AtomicUsize::new(0);
+    static SLOW_TO_DROP: Loader = Loader(|spec| Ok(Box::new(SlowToDrop(EchoEngine(echo(spec)?.info().clone())))));
+
+    /// Like EchoEngine, taking 300 ms to give its memory back.
+    struct SlowToDrop(EchoEngine);
+
+    impl Engine for SlowToDrop {
+        fn info(&self) -> &EngineInfo {
+            self.0.info()
+        }
+        fn run(&mut self, b: &TokenBatch) -> Result<EngineOutput, EngineError> {
+            self.0.run(b)
+        }
+    }
+
+    impl Drop for SlowToDrop {
+        fn drop(&mut self) {
+            std::thread::sleep(Duration::from_millis(300));
+            DROPPED.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn unload_returns_once_every_engine_is_dropped() {
+        let asked = Devices::new(["cpu", "cpu"]).unwrap();
+        let worker = EngineWorker::start("slow-to-drop", Launch::Thread(&SLOW_TO_DROP), asked, EngineSpec::default(), two_per_batch()).await.unwrap();
+        let got = worker.embed(vec![Encoded { ids: vec![3; 2], type_ids: vec![0; 2] }], None).await.unwrap();
+        assert_eq!(got, vec![vec![3.0, 1.0]]);
+        assert_eq!(DROPPED.load(Ordering::SeqCst), 0);
+        worker.unload(Duration::from_secs(30)).await;
+        assert_eq!(DROPPED.load(Ordering::SeqCst), 2, "unload returned before both engines were dropped");
     }
 
     /// Steps of idle work the warming engine has done.
