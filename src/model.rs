@@ -219,6 +219,11 @@ impl LoadedModel {
         self.worker.info()
     }
 
+    /// Waits, up to `limit`, until its engines have no idle work left.
+    pub async fn warmed(&self, limit: std::time::Duration) {
+        self.worker.warmed(limit).await
+    }
+
     /// Unloads it and waits, up to `limit`, until its engines have given
     /// their memory back.
     pub async fn unload(self, limit: std::time::Duration) {

@@ -96,6 +96,25 @@ pub struct WorkerStats {
     pub engine_restarts: AtomicU64,
     /// This model's engine threads that hold (or are loading) an engine.
     engines_alive: AtomicUsize,
+    /// Its engines that still have idle work to do (a GPU's batch shapes).
+    engines_warming: AtomicUsize,
+}
+
+/// Counts an engine thread as warming until `done` or the thread's end.
+struct Warming(Arc<WorkerStats>, bool);
+
+impl Warming {
+    fn done(&mut self) {
+        if std::mem::take(&mut self.1) {
+            self.0.engines_warming.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Warming {
+    fn drop(&mut self) {
+        self.done();
+    }
 }
 
 /// How a device thread gets its engine.
@@ -233,6 +252,7 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
     let model = name.to_string();
     ENGINE_THREADS.fetch_add(1, Ordering::SeqCst);
     stats.engines_alive.fetch_add(1, Ordering::SeqCst);
+    stats.engines_warming.fetch_add(1, Ordering::SeqCst);
     let counted = stats.clone();
     std::thread::Builder::new()
         .name(format!("engine-{name}-{position}"))
@@ -246,6 +266,7 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
                 }
             }
             let _alive = Alive(stats.clone());
+            let mut still_warming = Warming(stats.clone(), true);
             // Before the engine starts: its runtime's threads, or its engine
             // process and that process's restarts, inherit this thread's mask.
             let pinned = cpus.filter(|set| match crate::cpu_sets::pin_current_thread(set) {
@@ -302,6 +323,9 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
                             tracing::warn!(model, "the engine stopped warming: {e}");
                             false
                         });
+                        if !warming {
+                            still_warming.done();
+                        }
                         continue;
                     }
                     Err(mpsc::TryRecvError::Empty) => match queue.recv() {
@@ -331,6 +355,7 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
         })
         .map_err(|e| {
             counted.engines_alive.fetch_sub(1, Ordering::SeqCst);
+            counted.engines_warming.fetch_sub(1, Ordering::SeqCst);
             ENGINE_THREADS.fetch_sub(1, Ordering::SeqCst);
             EngineError::Runtime(format!("cannot start the engine thread: {e}"))
         })?;
@@ -413,6 +438,16 @@ impl EngineWorker {
 
     pub fn info(&self) -> &EngineInfo {
         &self.info
+    }
+
+    /// Waits, up to `limit`, until no engine of the model has idle work
+    /// left (a GPU's batch shapes run once): a measurement taken meanwhile
+    /// shares the device with that work.
+    pub async fn warmed(&self, limit: Duration) {
+        let until = Instant::now() + limit;
+        while self.stats.engines_warming.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Stops the model and waits, up to `limit`, until its engines are
@@ -792,10 +827,9 @@ mod tests {
         let seqs: Vec<Encoded> = (1..=6).map(|i| Encoded { ids: vec![i; 3], type_ids: vec![0; 3] }).collect();
         let got = worker.embed(seqs, None).await.unwrap();
         assert_eq!(got, (1..=6).map(|i| vec![i as f32, 1.0]).collect::<Vec<_>>());
-        let until = Instant::now() + Duration::from_secs(30);
-        while WARM_STEPS.load(Ordering::SeqCst) < WARM_STEPS_IN_ALL && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        // 40 steps of 2 ms: warmed waits for them all.
+        worker.warmed(Duration::from_secs(30)).await;
+        assert_eq!(WARM_STEPS.load(Ordering::SeqCst), WARM_STEPS_IN_ALL, "warmed returned before the engine was done");
         // Once the engine says nothing remains it is not asked again.
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(WARM_STEPS.load(Ordering::SeqCst), WARM_STEPS_IN_ALL);

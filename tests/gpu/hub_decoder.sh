@@ -43,7 +43,7 @@ if has make; then
     /usr/bin/time -v $py models/prepare.py --cache "$root/cache" --hf-snapshot "$repo" --name "$name" \
       --source "hf:bench/qwen3-embedding-0.6b-shaped@random" --settings "$settings" --cuda-fp16 2>&1 \
       | grep -v -i "warning\|W:onnxruntime" | tee "$OUT/hub-prepare$shape.log" | grep -v "^\s"
-    echo "prepare: $(echo "$(date +%s.%N) - $start" | bc) s" | tee -a "$OUT/hub-prepare$shape.log"
+    echo "prepare: $(awk "BEGIN {print $(date +%s.%N) - $start}") s" | tee -a "$OUT/hub-prepare$shape.log"
   fi
   ls -la "$dir" | tee -a "$OUT/hub-prepare$shape.log"
   $py -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["checks"], indent=1))' "$dir/manifest.json" | tee -a "$OUT/hub-prepare$shape.log"
@@ -75,13 +75,13 @@ if has serve; then
   for _ in $(seq 60); do curl -sf localhost:7997/health -o /dev/null && break; sleep 0.5; done
   start=$(date +%s.%N)
   curl -sf localhost:7997/v1/embeddings -H 'content-type: application/json' -d '{"model": "qwen3-auto", "input": ["first"]}' -o /dev/null
-  echo "first request after a cold start (fp32 reference serving): $(echo "$(date +%s.%N) - $start" | bc) s" | tee -a "$OUT/hub-serve$shape.log"
+  echo "first request after a cold start (fp32 reference serving): $(awk "BEGIN {print $(date +%s.%N) - $start}") s" | tee -a "$OUT/hub-serve$shape.log"
   for _ in $(seq 600); do
     state=$(curl -s localhost:7997/health | $py -c 'import json,sys; m=[m for m in json.load(sys.stdin)["models"] if m["id"]=="qwen3-auto"][0]; print((m.get("survey") or {}).get("state"))')
     [ "$state" = running ] || break
     sleep 1
   done
-  echo "survey done after $(echo "$(date +%s.%N) - $start" | bc) s" | tee -a "$OUT/hub-serve$shape.log"
+  echo "survey done after $(awk "BEGIN {print $(date +%s.%N) - $start}") s" | tee -a "$OUT/hub-serve$shape.log"
   curl -s localhost:7997/health | $py -c 'import json,sys; m=[m for m in json.load(sys.stdin)["models"] if m["id"]=="qwen3-auto"][0]; print(json.dumps({k: m.get(k) for k in ("state", "device", "precision", "variant", "survey")}, indent=1))' | tee -a "$OUT/hub-serve$shape.log"
   echo "VRAM served: $(vram) MiB" | tee -a "$OUT/hub-serve$shape.log"
   if [ -f "$root/hub$shape.reference.npy" ]; then
