@@ -1,8 +1,9 @@
 //! tests/gpu/load.sh, the project's load generator (wrk with a body per
 //! request), run briefly against a started server on the CPU: it waits for
 //! the model, measures bulk and one text a request, and reports every run;
-//! each request carried its own body (nothing coalesced). Its figures are
-//! for docs/performance.md, never asserted here.
+//! each request carried its own body (nothing coalesced), and where the CPU
+//! went (the machine's, wrk's, the server's). Its figures are for
+//! docs/performance.md, never asserted here.
 
 mod common;
 
@@ -18,13 +19,21 @@ fn the_load_generator_measures_bulk_and_one_text_a_request() {
     let texts: Vec<String> = (0..400).map(|i| format!("text {i}: {}", common::fixture_texts()[i % common::fixture_texts().len()])).collect();
     std::fs::write(dir.path().join("texts.json"), serde_json::to_string(&texts).unwrap()).unwrap();
     let out = dir.path().join("load.json");
+    let pid = server.pid().to_string();
     let run = Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/gpu/load.sh"))
         .arg(&server.url)
         .arg("all-minilm-l6-v2")
         .arg(dir.path().join("texts.json"))
         .arg(&out)
-        .envs([("LOAD_SECONDS", "2"), ("LOAD_BULK", "8"), ("LOAD_BULK_CONNECTIONS", "2"), ("LOAD_IN_FLIGHT", "4 16"), ("LOAD_THREADS", "2")])
+        .envs([
+            ("LOAD_SECONDS", "2"),
+            ("LOAD_BULK", "8"),
+            ("LOAD_BULK_CONNECTIONS", "2"),
+            ("LOAD_IN_FLIGHT", "4 16"),
+            ("LOAD_THREADS", "2"),
+            ("LOAD_SERVER_PID", pid.as_str()),
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
@@ -36,7 +45,16 @@ fn the_load_generator_measures_bulk_and_one_text_a_request() {
     for row in &rows {
         assert!(row["texts_per_s"].as_f64().unwrap() > 0.0 && row["p50_ms"].as_f64() <= row["p99_ms"].as_f64(), "{row}");
         assert_eq!((row["not_2xx"].as_u64(), row["socket_errors"].as_u64()), (Some(0), Some(0)), "{row}");
+        // No part of the CPU accounting is more than the machine has.
+        let cores = row["cores"].as_f64().unwrap();
+        for key in ["machine_busy_cores", "server_cores", "wrk_cores", "engine_process_cores", "server_cpu_us_per_text"] {
+            let part = row[key].as_f64().unwrap_or_else(|| panic!("{key} missing: {row}"));
+            assert!(key == "server_cpu_us_per_text" || (0.0..=cores * 1.05).contains(&part), "{key} outside 0..{cores}: {row}");
+        }
     }
+    // The server tokenized and answered every run: its CPU, counted in clock
+    // ticks, is not zero over them all.
+    assert!(rows.iter().map(|r| r["server_cores"].as_f64().unwrap()).sum::<f64>() > 0.0, "{rows:?}");
     let counters = &server.model_health("all-minilm-l6-v2")["counters"];
     assert_eq!(counters["coalesced"], 0, "two requests in flight carried the same body: {counters}");
 }

@@ -87,7 +87,7 @@ if has serve; then
   if [ -f "$root/hub$shape.reference.npy" ]; then
     $py tests/gpu/decoder_gpu.py http http://127.0.0.1:7997 qwen3-auto "$root/texts.json" "$root/hub$shape.reference.npy" | tee -a "$OUT/hub-serve$shape.log"
   fi
-  LOAD_SECONDS=${LOAD_SECONDS:-15} LOAD_IN_FLIGHT=${LOAD_IN_FLIGHT:-64 256 480} bash tests/gpu/load.sh http://127.0.0.1:7997 qwen3-auto "$root/texts.json" "$OUT/hub-load$shape.json" 2>&1 | tee -a "$OUT/hub-serve$shape.log"
+  LOAD_SERVER_PID=$server LOAD_SECONDS=${LOAD_SECONDS:-15} LOAD_IN_FLIGHT=${LOAD_IN_FLIGHT:-64 256 480} bash tests/gpu/load.sh http://127.0.0.1:7997 qwen3-auto "$root/texts.json" "$OUT/hub-load$shape.json" 2>&1 | tee -a "$OUT/hub-serve$shape.log"
   kill -TERM $server; wait $server
   echo "server exit $?; VRAM after: $(vram) MiB" | tee -a "$OUT/hub-serve$shape.log"
 fi

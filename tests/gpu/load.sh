@@ -13,6 +13,11 @@
 #   one text a request at each of LOAD_IN_FLIGHT ("64 256 480") connections.
 # Prints one line per run (texts/s, requests/s, p50, p99, responses that
 # were not 2xx, socket errors) and writes them to OUT.json when given.
+# Where the time went, per run, so that a run says what bounds it: the
+# machine's busy cores (/proc/stat), wrk's own, the server's (LOAD_SERVER_PID:
+# the server's process; its engine processes, its children, counted apart)
+# and the GPU's busy share (nvidia-smi's utilization.gpu, sampled every
+# 200 ms, where there is one).
 # Needs wrk (Debian's package; EEANE_EXTRA_MODELS=wrk bash models/setup.sh)
 # and python3 (standard library only). LOAD_THREADS: wrk's threads
 # (default: the cores, at most 8).
@@ -57,18 +62,82 @@ done
 ready=$(python3 -c "import time; print(f'{time.time() - $started:.1f}')")
 echo "load.sh: $model answered after ${ready} s; wrk $(wrk --version 2>&1 | head -n 1 | awk '{print $2}'), $threads threads, $cores cores"
 
+# CPU time so far, in clock ticks (the machine's busy time, the server's process,
+# its children: engine processes), with the CPUs /proc/stat counts and the
+# monotonic clock, as one JSON line.
+cpu_ticks() {
+  python3 - "${LOAD_SERVER_PID:-}" <<'PY'
+import json, os, sys, time
+def ticks(pid):
+    try:
+        # Fields after the command's closing parenthesis: utime is the 12th, stime the 13th.
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+stat = open("/proc/stat").read().splitlines()
+cpu = [int(x) for x in stat[0].split()[1:9]]  # guest time is inside user already
+idle = cpu[3] + cpu[4]
+cores = sum(1 for line in stat if line.startswith("cpu") and line[3].isdigit())
+server, children = sys.argv[1], 0
+if server:
+    # Every live process whose parent chain reaches the server.
+    parent = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parent[p] = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            pass
+    def under(p):
+        while p in parent and p != "1":
+            p = parent[p]
+            if p == server:
+                return True
+        return False
+    children = sum(ticks(p) for p in parent if under(p))
+print(json.dumps({"at": time.monotonic(), "cores": cores, "busy": sum(cpu) - idle, "server": ticks(server) if server else None, "engines": children}))
+PY
+}
+
 # One wrk run: mode, texts a request, connections, seconds -> a JSON line.
 run() {
-  local mode=$1 per=$2 connections=$3 duration=$4 bodies=$5 line
-  line=$(wrk -t"$threads" -c"$connections" -d"${duration}s" --timeout 120s -s "$here/load.lua" "$url" -- "$bodies" | grep '^LOAD ')
-  python3 - "$mode" "$per" "$connections" $line <<'PY'
-import json, sys
-mode, per, connections = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-requests, duration_us, non2xx, socket, p50, p99 = map(int, sys.argv[5:11])
+  local mode=$1 per=$2 connections=$3 duration=$4 bodies=$5 line before after gpu_pid="" wrk_cpu
+  before=$(cpu_ticks)
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$work/gpu.txt" 2>/dev/null &
+    gpu_pid=$!
+  fi
+  # bash's `time` gives wrk's own user and system seconds.
+  { TIMEFORMAT='%U %S'; time wrk -t"$threads" -c"$connections" -d"${duration}s" --timeout 120s -s "$here/load.lua" "$url" -- "$bodies" > "$work/wrk.txt"; } 2> "$work/wrk-time.txt"
+  after=$(cpu_ticks)
+  [ -z "$gpu_pid" ] || { kill "$gpu_pid"; wait "$gpu_pid" 2>/dev/null; }
+  line=$(grep '^LOAD ' "$work/wrk.txt")
+  wrk_cpu=$(tail -n 1 "$work/wrk-time.txt")
+  python3 - "$mode" "$per" "$connections" "$before" "$after" "$work/gpu.txt" $wrk_cpu $line <<'PY'
+import json, os, sys
+mode, per, connections, before, after, gpu_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6]
+wrk_user, wrk_system = map(float, sys.argv[7:9])
+requests, duration_us, non2xx, socket, p50, p99 = map(int, sys.argv[10:16])
+seconds, hz = duration_us / 1e6, os.sysconf("SC_CLK_TCK")
 good = requests - non2xx
-print(json.dumps({"mode": mode, "texts_per_request": per, "connections": connections, "seconds": duration_us / 1e6,
-                  "texts_per_s": good * per / (duration_us / 1e6), "requests_per_s": requests / (duration_us / 1e6),
-                  "p50_ms": p50 / 1e3, "p99_ms": p99 / 1e3, "not_2xx": non2xx, "socket_errors": socket}))
+cores, span = after["cores"], after["at"] - before["at"]  # the CPUs /proc/stat counts; seconds between the snapshots
+row = {"mode": mode, "texts_per_request": per, "connections": connections, "seconds": seconds,
+       "texts_per_s": good * per / seconds, "requests_per_s": requests / seconds,
+       "p50_ms": p50 / 1e3, "p99_ms": p99 / 1e3, "not_2xx": non2xx, "socket_errors": socket,
+       "cores": cores, "machine_busy_cores": (after["busy"] - before["busy"]) / hz / span,
+       "wrk_cores": (wrk_user + wrk_system) / span}
+if before["server"] is not None:
+    row["server_cores"] = (after["server"] - before["server"]) / hz / span
+    # Engine processes started during the run count from zero.
+    row["engine_process_cores"] = max(after["engines"] - before["engines"], 0) / hz / span
+    row["server_cpu_us_per_text"] = (after["server"] - before["server"]) / hz * 1e6 / max(good * per, 1)
+try:
+    samples = [float(x) for x in open(gpu_file).read().split() if x.strip()]
+    if samples:
+        row["gpu_busy_percent"] = sum(samples) / len(samples)
+except OSError:
+    pass
+print(json.dumps(row))
 PY
 }
 
@@ -89,6 +158,12 @@ for r in rows:
     print(f"{what:>32}, {r['connections']:>4} in flight: {r['texts_per_s']:>10.1f} texts/s ({r['texts_per_s'] / best:.2f} of bulk), "
           f"{r['requests_per_s']:>8.1f} requests/s, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
           f"not 2xx {r['not_2xx']}, socket errors {r['socket_errors']}")
+    where = [f"machine {r['machine_busy_cores']:.1f} of {r['cores']} cores busy", f"wrk {r['wrk_cores']:.2f}"]
+    if "server_cores" in r:
+        where += [f"server {r['server_cores']:.2f} ({r['server_cpu_us_per_text']:.0f} us a text)", f"engine processes {r['engine_process_cores']:.2f}"]
+    if "gpu_busy_percent" in r:
+        where.append(f"GPU busy {r['gpu_busy_percent']:.0f} %")
+    print(f"{'':>32}  {', '.join(where)}")
 PY
 if [ -n "$out" ]; then
   printf '%s\n' "${results[@]}" | python3 -c 'import json, sys; json.dump([json.loads(l) for l in sys.stdin if l.strip()], open(sys.argv[1], "w"), indent=1)' "$out"
