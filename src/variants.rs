@@ -657,7 +657,7 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
     for (i, variant) in variants.iter().enumerate() {
         let trial = match variant {
             Err(e) => Trial::failed(format!("could not be loaded: {e}")),
-            Ok(variant) => match variant.memory_need().filter(|(need, room)| alone && need.bytes() > room.bytes) {
+            Ok(variant) => match needs[i].as_ref().filter(|(need, room)| alone && need.bytes() > room.bytes) {
                 // Measured alone and still too big: not loaded at all (no swap, no OOM kill).
                 Some((need, room)) => Trial::failed(format!(
                     "does not fit alone: its weights need {} ({}); {} are {}",

@@ -247,7 +247,15 @@ pub struct Available {
 pub fn available() -> Option<Available> {
     let host = meminfo_available(&std::fs::read_to_string("/proc/meminfo").ok()?)?;
     let mut best = Available { bytes: host, from: "MemAvailable in /proc/meminfo".into() };
-    let limit = std::env::var("EEANE_MEMORY_LIMIT_MIB").ok().and_then(|mib| mib.trim().parse::<u64>().ok());
+    let limit = std::env::var("EEANE_MEMORY_LIMIT_MIB").ok().and_then(|mib| {
+        let parsed = mib.trim().parse::<u64>().ok();
+        if parsed.is_none() {
+            // Said once: this is read at every memory check.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| tracing::warn!("EEANE_MEMORY_LIMIT_MIB={mib:?} is not a whole number of MiB (e.g. 8192); it is ignored"));
+        }
+        parsed
+    });
     let capped = limit.map(|mib| Available { bytes: mib << 20, from: format!("EEANE_MEMORY_LIMIT_MIB={mib}") });
     for room in [cgroup_room(), capped].into_iter().flatten() {
         if room.bytes < best.bytes {
