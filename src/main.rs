@@ -185,7 +185,7 @@ fn survey(config: &Config, only: Option<&str>) -> ExitCode {
     for m in models {
         match runtime.block_on(eeane::variants::load_chosen(m, config)) {
             Ok(model) => {
-                let note = model.variant.clone();
+                let note = model.variant();
                 drop(model);
                 let (chosen, reason, now) = note.map(|n| (n.chosen, n.reason, n.measured_at_this_load)).unwrap_or_default();
                 println!("{}: {chosen} ({}): {reason}", m.id, if now { "measured now" } else { "kept from an earlier survey" });

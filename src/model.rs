@@ -8,6 +8,7 @@ use eeane_backend_core::{EngineError, EngineSpec, Options};
 
 use crate::batcher::{BatchPolicy, Bucket, EngineWorker, Launch, Pipeline, WorkerError};
 use crate::config::{Config, ModelConfig};
+use crate::sync::Recover;
 pub use crate::tokenize::Inputs;
 use crate::tokenize::{Encoded, TextTokenizer, TokenizeError};
 
@@ -100,8 +101,9 @@ pub struct LoadedModel {
     pub load_ms: u64,
     /// Where the engine runs.
     pub isolation: crate::config::Placement,
-    /// For `precision = "auto"`: the variant chosen and why.
-    pub variant: Option<VariantNote>,
+    /// For `precision = "auto"`: the variant chosen and why. Set again when
+    /// a survey keeps the served fp32 reference (it measured that very copy).
+    variant: std::sync::Mutex<Option<VariantNote>>,
 }
 
 /// Which variant `precision = "auto"` serves, and the survey behind it
@@ -212,11 +214,28 @@ impl LoadedModel {
                  head, with pooling = \"none\")"
             ))));
         }
-        Ok(Self { config: config.clone(), tokenizer, worker, dimensions, load_ms: started.elapsed().as_millis() as u64, isolation, variant: None })
+        Ok(Self {
+            config: config.clone(),
+            tokenizer,
+            worker,
+            dimensions,
+            load_ms: started.elapsed().as_millis() as u64,
+            isolation,
+            variant: Default::default(),
+        })
     }
 
     pub fn engine_info(&self) -> &eeane_backend_core::EngineInfo {
         self.worker.info()
+    }
+
+    /// For `precision = "auto"`: the variant served and why.
+    pub fn variant(&self) -> Option<VariantNote> {
+        self.variant.locked().clone()
+    }
+
+    pub fn set_variant(&self, note: VariantNote) {
+        *self.variant.locked() = Some(note);
     }
 
     /// Waits, up to `limit`, until its engines have no idle work left.

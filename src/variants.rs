@@ -26,7 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use eeane_backend_core::{Backend, CpuFeatures, Devices, EngineError, GraphKind};
@@ -172,6 +172,10 @@ pub struct Survey {
     pub check_texts: usize,
     pub timing_texts: usize,
     pub measured_at_unix: u64,
+    /// The fp32 reference was measured as the copy that served meanwhile
+    /// (`PendingSurvey::lend_reference`), not loaded a second time.
+    #[serde(default)]
+    pub reference_served: bool,
 }
 
 /// The variant to serve, the fastest that keeps the vectors, and why in words.
@@ -467,9 +471,31 @@ pub struct PendingSurvey {
     graphs: BTreeMap<String, String>,
     settings: String,
     store: Store,
+    /// The fp32 reference as it serves, when its slot lends it.
+    served: Option<Weak<LoadedModel>>,
+}
+
+/// What a survey leaves to serve.
+pub enum Surveyed {
+    /// The chosen variant, loaded.
+    Loaded(LoadedModel),
+    /// The chosen variant is the lent fp32 reference, measured as it served:
+    /// it keeps serving, with this note.
+    Served(VariantNote),
 }
 
 impl PendingSurvey {
+    /// Lends the survey the fp32 reference that serves meanwhile. On a GPU,
+    /// or where the variants do not fit together, the survey measures that
+    /// copy instead of loading a second: on an 80 GB H100 four fp32 sessions
+    /// of a 0.6B decoder, each warmed at 65,536-token batches, filled the
+    /// card beside the served four, and the fp16 graph could not be loaded.
+    /// The survey holds it weakly: an unload still gives its memory back
+    /// (the survey then fails, and runs again at the next load).
+    pub fn lend_reference(&mut self, served: &Arc<LoadedModel>) {
+        self.served = Some(Arc::downgrade(served));
+    }
+
     /// How many variants it measures (the layouts of the chosen one come after).
     pub fn variants(&self) -> usize {
         self.offered.len()
@@ -477,13 +503,19 @@ impl PendingSurvey {
 
     /// Measures every variant, keeps the verdict for the next load, and
     /// returns the chosen variant loaded.
-    pub async fn run(self) -> Result<LoadedModel, ModelError> {
-        let (survey, mut model) = survey(&self).await?;
+    pub async fn run(self) -> Result<Surveyed, ModelError> {
+        let (survey, model) = survey(&self).await?;
         if let Err(e) = self.store.write(&self.config.id, &survey) {
             tracing::warn!(model = %self.config.id, "cannot keep the variant survey ({e}); it runs again at the next load");
         }
-        model.variant = Some(note(&survey, true));
-        Ok(model)
+        let note = note(&survey, true);
+        Ok(match model {
+            Some(model) => {
+                model.set_variant(note);
+                Surveyed::Loaded(model)
+            }
+            None => Surveyed::Served(note),
+        })
     }
 }
 
@@ -514,8 +546,8 @@ pub async fn load(config: &ModelConfig, server: &Config) -> Result<Loaded, Model
         if let Some(candidate) = kept {
             let variant = variant_config(config, server, &candidate)?;
             match LoadedModel::load(&variant, server).await {
-                Ok(mut model) => {
-                    model.variant = Some(note(&survey, false));
+                Ok(model) => {
+                    model.set_variant(note(&survey, false));
                     return Ok(Loaded { model, survey: None });
                 }
                 Err(e) => tracing::warn!(model = %config.id, variant = %survey.chosen, "the surveyed variant failed to load ({e}); surveying again"),
@@ -525,11 +557,11 @@ pub async fn load(config: &ModelConfig, server: &Config) -> Result<Loaded, Model
     let reference = offered.first().cloned().ok_or_else(|| {
         ModelError::Engine(EngineError::Runtime(format!("precision = \"auto\": no engine of this build runs {:?} on {:?}", config.engine, config.device)))
     })?;
-    let mut model = LoadedModel::load(&variant_config(config, server, &reference)?, server)
+    let model = LoadedModel::load(&variant_config(config, server, &reference)?, server)
         .await
         .map_err(|e| ModelError::Engine(EngineError::Model(format!("the fp32 reference ({}) could not be loaded: {e}", reference.label()))))?;
-    model.variant = Some(VariantNote::awaiting_survey(reference.label()));
-    let survey = PendingSurvey { config: config.clone(), server: server.clone(), machine, offered, absent, graphs, settings, store };
+    model.set_variant(VariantNote::awaiting_survey(reference.label()));
+    let survey = PendingSurvey { config: config.clone(), server: server.clone(), machine, offered, absent, graphs, settings, store, served: None };
     Ok(Loaded { model, survey: Some(survey) })
 }
 
@@ -540,9 +572,12 @@ pub async fn load_chosen(config: &ModelConfig, server: &Config) -> Result<Loaded
     match survey {
         None => Ok(model),
         Some(survey) => {
-            // The reference is loaded again by the survey, measured beside the others.
+            // Nothing serves here: the survey loads the reference itself, measured beside the others.
             drop(model);
-            survey.run().await
+            match survey.run().await? {
+                Surveyed::Loaded(model) => Ok(model),
+                Surveyed::Served(_) => Err(ModelError::Engine(EngineError::Model("the survey chose a served reference it was not lent".into()))),
+            }
         }
     }
 }
@@ -633,7 +668,12 @@ fn check_texts(max_tokens: usize) -> Vec<String> {
     texts
 }
 
-async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelError> {
+/// Why a survey that measured the served reference ends without a verdict.
+const REFERENCE_GONE: &str = "the served fp32 reference was unloaded during the survey; it runs again at the next load";
+
+/// The survey's verdict and the chosen variant loaded, or `None` when that is
+/// the lent reference that serves.
+async fn survey(plan: &PendingSurvey) -> Result<(Survey, Option<LoadedModel>), ModelError> {
     let (config, server) = (&plan.config, &plan.server);
     let offered = plan.offered.clone();
     let reference = offered.first().cloned().ok_or_else(|| {
@@ -650,14 +690,17 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
     if alone {
         tracing::info!(model = %config.id, "precision = auto: the variants' weights together exceed the memory there is; measuring them one at a time");
     }
+    // Where a second copy of the reference may not fit, the one that serves is measured (`PendingSurvey::lend_reference`).
+    let lent = plan.served.clone().filter(|_| alone || !config.device.all_cpu());
     let (checks, timing) = (check_texts(config.max_tokens), timing_texts(config));
     let (check_count, timing_count) = (checks.len(), timing.len());
     let (checks, timing) = (Arc::new(Inputs::Texts(checks)), Arc::new(Inputs::Texts(timing)));
     let mut trials: Vec<Trial> = Vec::new();
     for (i, variant) in variants.iter().enumerate() {
-        let trial = match variant {
-            Err(e) => Trial::failed(format!("could not be loaded: {e}")),
-            Ok(variant) => match needs[i].as_ref().filter(|(need, room)| alone && need.bytes() > room.bytes) {
+        let trial = match (variant, &lent) {
+            (Err(e), _) => Trial::failed(format!("could not be loaded: {e}")),
+            (Ok(_), Some(served)) if i == 0 => Trial::served(served, &checks).await,
+            (Ok(variant), _) => match needs[i].as_ref().filter(|(need, room)| alone && need.bytes() > room.bytes) {
                 // Measured alone and still too big: not loaded at all (no swap, no OOM kill).
                 Some((need, room)) => Trial::failed(format!(
                     "does not fit alone: its weights need {} ({}); {} are {}",
@@ -682,7 +725,7 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
             let trial = trials.last_mut().expect("just pushed");
             trial.warmed().await;
             trial.time(&timing).await;
-            if let Some(model) = trial.model.take() {
+            if let Some(TrialModel::Own(model)) = trial.model.take_if(|m| matches!(m, TrialModel::Own(_))) {
                 model.unload(UNLOAD_WAIT).await;
             }
         }
@@ -697,6 +740,9 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
                 trial.time_once(&timing, round > 0).await;
             }
         }
+    }
+    if lent.as_ref().is_some_and(|served| served.strong_count() == 0) {
+        return Err(ModelError::Engine(EngineError::Model(REFERENCE_GONE.into())));
     }
     let want = match &trials[0].outcome {
         Ok(v) => v.clone(),
@@ -724,24 +770,31 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
     if alone {
         reason = format!("{reason} (measured one at a time: together they exceed the memory there is)");
     }
+    if lent.is_some() {
+        reason = format!("{reason}; the fp32 reference was measured as the copy that serves");
+    }
     // The chosen variant stays loaded (or loads again, when each was unloaded after its turn); the others go.
     let Some(at) = offered.iter().position(|c| c.label() == chosen) else {
         return Err(ModelError::Engine(EngineError::Model(format!("the chosen variant {chosen} is not among those offered"))));
     };
     let chosen_candidate = offered[at].clone();
     let mut model = match trials.swap_remove(at).model {
-        Some(model) => model,
-        None => {
+        Some(TrialModel::Own(model)) => Some(model),
+        // The served reference keeps serving; the layouts are measured on a copy of their own.
+        Some(TrialModel::Served(_)) if layouts(config).is_empty() => None,
+        _ => {
             drop(trials);
             let variant = variants[at].as_ref().map_err(|e| ModelError::Engine(e.clone()))?;
-            LoadedModel::load(variant, server).await?
+            Some(LoadedModel::load(variant, server).await?)
         }
     };
     let base = measured.iter().find(|m| m.variant == chosen).cloned();
-    if let Some(base) = base.filter(|_| !layouts(config).is_empty()) {
+    let surveys_layouts = !layouts(config).is_empty();
+    if let (Some(base), Some(loaded)) = (base.filter(|_| surveys_layouts), model.take_if(|_| surveys_layouts)) {
+        // `base` is there whenever `model` was taken: the chosen variant is one of `measured`.
         let (layout_model, layout_chosen, layout_reason, layout_measured) =
-            survey_layouts(config, server, &chosen_candidate, model, &base, &want, checks.clone()).await;
-        model = layout_model;
+            survey_layouts(config, server, &chosen_candidate, loaded, &base, &want, checks.clone()).await;
+        model = Some(layout_model);
         chosen = layout_chosen;
         reason = format!("{reason}; {layout_reason}");
         measured.extend(layout_measured);
@@ -758,6 +811,7 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, LoadedModel), ModelErro
         check_texts: check_count,
         timing_texts: timing_count,
         measured_at_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        reference_served: lent.is_some(),
     };
     Ok((survey, model))
 }
@@ -793,9 +847,17 @@ fn timing_texts(config: &ModelConfig) -> Vec<String> {
 /// One variant in the survey: the model while it is loaded, its vectors for
 /// the check texts (or why there are none) and its best timing round.
 struct Trial {
-    model: Option<LoadedModel>,
+    model: Option<TrialModel>,
     outcome: Result<Vec<Vec<f32>>, String>,
     best: f64,
+}
+
+/// A variant as the survey holds it.
+enum TrialModel {
+    /// Loaded by the survey.
+    Own(LoadedModel),
+    /// The fp32 reference that serves meanwhile, lent to the survey.
+    Served(Weak<LoadedModel>),
 }
 
 impl Trial {
@@ -807,10 +869,30 @@ impl Trial {
     async fn load(variant: &ModelConfig, server: &Config, checks: &Arc<Inputs>) -> Self {
         match LoadedModel::load(variant, server).await {
             Err(e) => Trial::failed(format!("could not be loaded: {e}")),
-            Ok(model) => match model.embed(checks.clone(), None).await {
-                Ok(inference) => Trial { outcome: Ok(vectors(inference.output)), model: Some(model), best: f64::INFINITY },
-                Err(e) => Trial { outcome: Err(format!("failed the check texts: {e}")), model: Some(model), best: f64::INFINITY },
-            },
+            Ok(model) => Trial { model: Some(TrialModel::Own(model)), outcome: Err(String::new()), best: f64::INFINITY }.checked(checks).await,
+        }
+    }
+
+    /// The served reference, with its vectors for the check texts.
+    async fn served(reference: &Weak<LoadedModel>, checks: &Arc<Inputs>) -> Self {
+        Trial { model: Some(TrialModel::Served(reference.clone())), outcome: Err(String::new()), best: f64::INFINITY }.checked(checks).await
+    }
+
+    async fn checked(mut self, checks: &Arc<Inputs>) -> Self {
+        self.outcome = match self.embed(checks.clone()).await {
+            Some(Ok(inference)) => Ok(vectors(inference.output)),
+            Some(Err(e)) => Err(format!("failed the check texts: {e}")),
+            None => Err(REFERENCE_GONE.into()),
+        };
+        self
+    }
+
+    /// Embeds `inputs` with the variant; `None` when it is not held (or the
+    /// lent reference was unloaded).
+    async fn embed(&self, inputs: Arc<Inputs>) -> Option<Result<crate::model::Inference, ModelError>> {
+        match self.model.as_ref()? {
+            TrialModel::Own(model) => Some(model.embed(inputs, None).await),
+            TrialModel::Served(served) => Some(served.upgrade()?.embed(inputs, None).await),
         }
     }
 
@@ -819,16 +901,24 @@ impl Trial {
     /// that (other variants' sessions too) measures the warm-up, not the
     /// variant.
     async fn warmed(&self) {
-        if let Some(model) = &self.model {
-            model.warmed(WARM_WAIT).await;
+        match &self.model {
+            Some(TrialModel::Own(model)) => model.warmed(WARM_WAIT).await,
+            Some(TrialModel::Served(served)) => {
+                if let Some(model) = served.upgrade() {
+                    model.warmed(WARM_WAIT).await;
+                }
+            }
+            None => {}
         }
     }
 
     /// One timing round on `timing`, kept when `counted` (the first warms).
     async fn time_once(&mut self, timing: &Arc<Inputs>, counted: bool) {
-        let (Some(model), Ok(_)) = (&self.model, &self.outcome) else { return };
+        if self.outcome.is_err() {
+            return;
+        }
         let t = Instant::now();
-        if model.embed(timing.clone(), None).await.is_ok() && counted {
+        if matches!(self.embed(timing.clone()).await, Some(Ok(_))) && counted {
             self.best = self.best.min(t.elapsed().as_secs_f64());
         }
     }

@@ -105,6 +105,8 @@ precision = "int8"
     }
     let reference_run = variants.iter().find(|v| v["variant"] == "onnxruntime fp32").unwrap();
     assert_eq!(reference_run["min_cosine"], 1.0);
+    // With room for it, a CPU survey times a reference copy of its own, undisturbed by the served one's requests.
+    assert_eq!(survey["reference_served"], false, "{survey}");
     // The chosen variant measured as several engines on their own cores, and
     // served so only when it is faster; the layouts' cosines held to the gate.
     let base = chosen.split(" x").next().unwrap();
@@ -154,9 +156,11 @@ precision = "int8"
 
 /// Variants that do not fit in memory together are surveyed one at a time:
 /// with `EEANE_MEMORY_LIMIT_MIB` at 150 MiB, all-MiniLM-L6-v2's fp32 copy
-/// (91 MB) fits beside the one that serves, but not with every variant's.
-/// Each is still held to the gate and timed; the chosen one is served and
-/// keeps within 0.9999 of Python onnxruntime's fp32 vectors over HTTP.
+/// (91 MB) and every variant's do not fit together. The reference is then
+/// measured as the copy that serves, never loaded twice, and each variant
+/// is loaded, held to the gate, timed and unloaded in turn; the chosen one
+/// is served and keeps within 0.9999 of Python onnxruntime's fp32 vectors
+/// over HTTP.
 #[test]
 fn variants_that_do_not_fit_together_are_surveyed_one_at_a_time() {
     let models = tempfile::tempdir().unwrap();
@@ -171,6 +175,8 @@ fn variants_that_do_not_fit_together_are_surveyed_one_at_a_time() {
     let survey: Value = serde_json::from_slice(&std::fs::read(cache_dir().join("variants/auto-one-at-a-time.json")).unwrap()).unwrap();
     eprintln!("survey under a 150 MiB cap: {}", survey["reason"]);
     assert!(survey["reason"].as_str().unwrap().contains("one at a time"), "{survey}");
+    assert_eq!(survey["reference_served"], true, "the reference was loaded a second time: {survey}");
+    assert!(survey["reason"].as_str().unwrap().contains("the copy that serves"), "{survey}");
     let variants = survey["variants"].as_array().unwrap();
     let timed: Vec<&Value> = variants.iter().filter(|v| v["texts_per_s"].is_number()).collect();
     assert!(timed.len() >= 3, "the fp32 reference and at least two variants were each measured: {survey}");

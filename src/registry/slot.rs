@@ -226,10 +226,11 @@ impl ModelSlot {
         let _loading = Loading(self);
         match crate::variants::load(&self.config, config).await {
             Ok(crate::variants::Loaded { model, survey }) => {
-                if let Some(survey) = survey {
+                let model = Arc::new(model);
+                if let Some(mut survey) = survey {
+                    survey.lend_reference(&model);
                     self.start_survey(survey);
                 }
-                let model = Arc::new(model);
                 let info = model.engine_info();
                 tracing::info!(model = %self.config.id, engine = %info.engine, device = %info.device,
                     dimensions = model.dimensions, load_ms = model.load_ms, "model loaded");
@@ -252,8 +253,9 @@ impl ModelSlot {
 
     /// Runs `survey` beside the fp32 reference that serves meanwhile; once it
     /// chooses, the slot serves the chosen variant from the next request on
-    /// (requests in flight finish on the reference). One survey at a time: a
-    /// reload of the reference while one runs waits for its verdict.
+    /// (requests in flight finish on the reference), or keeps the reference
+    /// when that was chosen as it served. One survey at a time: a reload of
+    /// the reference while one runs waits for its verdict.
     fn start_survey(self: &Arc<Self>, survey: crate::variants::PendingSurvey) {
         let variants = survey.variants();
         {
@@ -274,12 +276,25 @@ impl ModelSlot {
             let Some(status) = inner.survey.as_mut() else { return };
             status.seconds = seconds;
             match result {
-                Ok(model) => {
-                    let chosen = model.variant.as_ref().map(|v| v.chosen.clone()).unwrap_or_default();
+                Ok(crate::variants::Surveyed::Served(note)) => {
+                    status.state = "done";
+                    status.chosen = Some(note.chosen.clone());
+                    let chosen = note.chosen.clone();
+                    // The reference that serves is the variant chosen: it says so from now on.
+                    if let SlotState::Loaded(m) = &inner.state {
+                        if m.variant().is_some_and(|v| v.awaiting_survey) {
+                            m.set_variant(note);
+                        }
+                    }
+                    drop(inner);
+                    tracing::info!(model = %slot.config.id, chosen = %chosen, seconds, "precision = auto: survey done; the reference that serves was chosen");
+                }
+                Ok(crate::variants::Surveyed::Loaded(model)) => {
+                    let chosen = model.variant().map(|v| v.chosen).unwrap_or_default();
                     status.state = "done";
                     status.chosen = Some(chosen.clone());
                     // Only a reference still waiting is replaced: an unload or a reload since leaves the slot as it is.
-                    let waiting = matches!(&inner.state, SlotState::Loaded(m) if m.variant.as_ref().is_some_and(|v| v.awaiting_survey));
+                    let waiting = matches!(&inner.state, SlotState::Loaded(m) if m.variant().is_some_and(|v| v.awaiting_survey));
                     if waiting {
                         let served = Arc::new(model);
                         if let Some(status) = inner.survey.as_mut() {

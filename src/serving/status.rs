@@ -232,7 +232,7 @@ impl ModelHealth {
                         rows_per_device: stats.device_rows.locked().clone(),
                         queued_sequences: load(&stats.waiting_sequences),
                     },
-                    variant: model.variant.clone(),
+                    variant: model.variant(),
                     isolation: name_of(model.isolation),
                     engine_pids: in_process.then(|| stats.engine_pids.locked().clone()),
                     engine_restarts: in_process.then(|| load(&stats.engine_restarts)),
