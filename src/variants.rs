@@ -48,9 +48,10 @@ const TIMING_ROUNDS: usize = 3;
 /// How long the survey waits for a variant's background warm-up.
 const WARM_WAIT: std::time::Duration = std::time::Duration::from_secs(180);
 
-/// Texts a GPU session is timed on in the survey, each near the model's
-/// window (up to `GPU_TIMING_TOKENS`).
-const GPU_TIMING_TEXTS_PER_SESSION: usize = 64;
+/// Texts a GPU variant is timed on in the survey, one batch of them for its
+/// one session (`trial_config`), each near the model's window (up to
+/// `GPU_TIMING_TOKENS`).
+const GPU_TIMING_TEXTS: usize = 64;
 const GPU_TIMING_TOKENS: usize = 512;
 
 /// How long a variant measured alone may take to give its memory back
@@ -364,6 +365,20 @@ pub fn variant_config(config: &ModelConfig, server: &Config, candidate: &Candida
     Ok(variant)
 }
 
+/// A variant as the survey loads it. On a GPU, one session on the entry's
+/// first card, whatever the entry's count: fp16 against fp32 is a matter
+/// of each session's speed, and on an 80 GB H100 four fp16 sessions of a
+/// 0.6B decoder could not warm beside the four fp32 ones that served
+/// (about 16 GB each at 65,536-token batches). Elsewhere the variant as
+/// it would be served.
+fn trial_config(variant: &ModelConfig) -> ModelConfig {
+    let mut trial = variant.clone();
+    if !variant.device.all_cpu() {
+        trial.device = Devices::one(variant.device.first().clone());
+    }
+    trial
+}
+
 /// The entry's settings that move the figures. Not its isolation: the pipe
 /// to an engine process costs every variant alike, and `eeane bench` runs
 /// the same entry both in process and behind the server.
@@ -478,7 +493,7 @@ pub struct PendingSurvey {
 /// What a survey leaves to serve.
 pub enum Surveyed {
     /// The chosen variant, loaded.
-    Loaded(LoadedModel),
+    Loaded(Box<LoadedModel>),
     /// The chosen variant is the lent fp32 reference, measured as it served:
     /// it keeps serving, with this note.
     Served(VariantNote),
@@ -512,7 +527,7 @@ impl PendingSurvey {
         Ok(match model {
             Some(model) => {
                 model.set_variant(note);
-                Surveyed::Loaded(model)
+                Surveyed::Loaded(Box::new(model))
             }
             None => Surveyed::Served(note),
         })
@@ -575,7 +590,7 @@ pub async fn load_chosen(config: &ModelConfig, server: &Config) -> Result<Loaded
             // Nothing serves here: the survey loads the reference itself, measured beside the others.
             drop(model);
             match survey.run().await? {
-                Surveyed::Loaded(model) => Ok(model),
+                Surveyed::Loaded(model) => Ok(*model),
                 Surveyed::Served(_) => Err(ModelError::Engine(EngineError::Model("the survey chose a served reference it was not lent".into()))),
             }
         }
@@ -682,7 +697,8 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, Option<LoadedModel>), M
     tracing::info!(model = %config.id, variants = offered.len(), "precision = auto: measuring the variants on this machine");
     let started = Instant::now();
     let variants: Vec<Result<ModelConfig, EngineError>> = offered.iter().map(|c| variant_config(config, server, c)).collect();
-    let needs: Vec<Option<(Need, Available)>> = variants.iter().map(|v| v.as_ref().ok().and_then(ModelConfig::memory_need)).collect();
+    let trial_configs: Vec<Result<ModelConfig, EngineError>> = variants.iter().map(|v| v.as_ref().map(trial_config).map_err(Clone::clone)).collect();
+    let needs: Vec<Option<(Need, Available)>> = trial_configs.iter().map(|v| v.as_ref().ok().and_then(ModelConfig::memory_need)).collect();
     let alone = one_at_a_time(
         &needs.iter().map(|n| n.as_ref().map(|(need, _)| need.bytes())).collect::<Vec<_>>(),
         needs.iter().flatten().map(|(_, room)| room.bytes).next(),
@@ -696,7 +712,7 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, Option<LoadedModel>), M
     let (check_count, timing_count) = (checks.len(), timing.len());
     let (checks, timing) = (Arc::new(Inputs::Texts(checks)), Arc::new(Inputs::Texts(timing)));
     let mut trials: Vec<Trial> = Vec::new();
-    for (i, variant) in variants.iter().enumerate() {
+    for (i, variant) in trial_configs.iter().enumerate() {
         let trial = match (variant, &lent) {
             (Err(e), _) => Trial::failed(format!("could not be loaded: {e}")),
             (Ok(_), Some(served)) if i == 0 => Trial::served(served, &checks).await,
@@ -726,7 +742,7 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, Option<LoadedModel>), M
             trial.warmed().await;
             trial.time(&timing).await;
             if let Some(TrialModel::Own(model)) = trial.model.take_if(|m| matches!(m, TrialModel::Own(_))) {
-                model.unload(UNLOAD_WAIT).await;
+                (*model).unload(UNLOAD_WAIT).await;
             }
         }
     }
@@ -757,9 +773,14 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, Option<LoadedModel>), M
             Err(why) => m.not_measured = Some(why.clone()),
             Ok(got) => {
                 (m.min_cosine, m.mean_cosine) = agreement(got, &want);
-                if trial.best.is_finite() {
+                if trial.best.is_finite() && reference_best.is_finite() {
                     m.texts_per_s = Some(texts / trial.best);
                     m.speed_vs_reference = Some(reference_best / trial.best);
+                } else {
+                    // Said, not left out: a variant that cannot be timed is never served.
+                    let failed = trial.timing_error.as_deref().unwrap_or("no round completed");
+                    let whose = if trial.best.is_finite() { "the fp32 reference's" } else { "its" };
+                    m.not_measured = Some(format!("{whose} timing rounds failed: {failed}"));
                 }
             }
         }
@@ -778,8 +799,9 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, Option<LoadedModel>), M
         return Err(ModelError::Engine(EngineError::Model(format!("the chosen variant {chosen} is not among those offered"))));
     };
     let chosen_candidate = offered[at].clone();
+    let served_as_trial = trial_configs[at].as_ref().ok().zip(variants[at].as_ref().ok()).is_some_and(|(t, v)| t.device == v.device);
     let mut model = match trials.swap_remove(at).model {
-        Some(TrialModel::Own(model)) => Some(model),
+        Some(TrialModel::Own(model)) if served_as_trial => Some(*model),
         // The served reference keeps serving; the layouts are measured on a copy of their own.
         Some(TrialModel::Served(_)) if layouts(config).is_empty() => None,
         _ => {
@@ -829,7 +851,7 @@ fn timing_texts(config: &ModelConfig) -> Vec<String> {
     }
     // About three characters a token: enough to reach the window, where truncation ends it.
     let chars = 3 * config.max_tokens.min(GPU_TIMING_TOKENS);
-    let count = GPU_TIMING_TEXTS_PER_SESSION * config.device.len();
+    let count = GPU_TIMING_TEXTS;
     let corpus = crate::corpus::corpus(512, 7);
     let mut pieces = corpus.iter().cycle();
     (0..count)
@@ -850,32 +872,34 @@ struct Trial {
     model: Option<TrialModel>,
     outcome: Result<Vec<Vec<f32>>, String>,
     best: f64,
+    /// Why the last timing round failed, if one did.
+    timing_error: Option<String>,
 }
 
 /// A variant as the survey holds it.
 enum TrialModel {
     /// Loaded by the survey.
-    Own(LoadedModel),
+    Own(Box<LoadedModel>),
     /// The fp32 reference that serves meanwhile, lent to the survey.
     Served(Weak<LoadedModel>),
 }
 
 impl Trial {
     fn failed(why: String) -> Self {
-        Trial { model: None, outcome: Err(why), best: f64::INFINITY }
+        Trial { model: None, outcome: Err(why), best: f64::INFINITY, timing_error: None }
     }
 
     /// Loads the variant and embeds the check texts with it.
     async fn load(variant: &ModelConfig, server: &Config, checks: &Arc<Inputs>) -> Self {
         match LoadedModel::load(variant, server).await {
             Err(e) => Trial::failed(format!("could not be loaded: {e}")),
-            Ok(model) => Trial { model: Some(TrialModel::Own(model)), outcome: Err(String::new()), best: f64::INFINITY }.checked(checks).await,
+            Ok(model) => Trial { model: Some(TrialModel::Own(Box::new(model))), ..Trial::failed(String::new()) }.checked(checks).await,
         }
     }
 
     /// The served reference, with its vectors for the check texts.
     async fn served(reference: &Weak<LoadedModel>, checks: &Arc<Inputs>) -> Self {
-        Trial { model: Some(TrialModel::Served(reference.clone())), outcome: Err(String::new()), best: f64::INFINITY }.checked(checks).await
+        Trial { model: Some(TrialModel::Served(reference.clone())), ..Trial::failed(String::new()) }.checked(checks).await
     }
 
     async fn checked(mut self, checks: &Arc<Inputs>) -> Self {
@@ -918,8 +942,11 @@ impl Trial {
             return;
         }
         let t = Instant::now();
-        if matches!(self.embed(timing.clone()).await, Some(Ok(_))) && counted {
-            self.best = self.best.min(t.elapsed().as_secs_f64());
+        match self.embed(timing.clone()).await {
+            Some(Ok(_)) if counted => self.best = self.best.min(t.elapsed().as_secs_f64()),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => self.timing_error = Some(e.to_string()),
+            None => self.timing_error = Some(REFERENCE_GONE.into()),
         }
     }
 
@@ -1199,6 +1226,20 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_variant_is_surveyed_as_one_session_and_a_cpu_one_as_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("eeane.toml");
+        let entry = "[[models]]\nid = \"m\"\nmodel = \"m.onnx\"\ntokenizer = \"t.json\"\nmax_tokens = 256\nprecision = \"auto\"\ndevice = [\"cuda:H100\", \"cuda:H100\", \"cuda:H100\", \"cuda:H100\"]\n";
+        std::fs::write(&file, entry).unwrap();
+        let mut config = Config::load(Some(&file), &crate::config::CliOverrides::default()).unwrap().models.remove(0);
+        let trial = trial_config(&config);
+        assert_eq!(trial.device.iter().map(|d| d.to_string()).collect::<Vec<_>>(), ["cuda:H100"]);
+        assert_eq!((trial.max_batch, trial.max_batch_tokens, &trial.buckets), (config.max_batch, config.max_batch_tokens, &config.buckets));
+        config.device = Devices::new(["cpu", "cpu"]).unwrap();
+        assert_eq!(trial_config(&config).device, config.device);
+    }
+
+    #[test]
     fn a_gpu_is_timed_on_texts_near_the_window_and_the_cpu_on_short_ones() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("eeane.toml");
@@ -1206,7 +1247,7 @@ mod tests {
         std::fs::write(&file, entry).unwrap();
         let mut config = Config::load(Some(&file), &crate::config::CliOverrides::default()).unwrap().models.remove(0);
         let gpu = timing_texts(&config);
-        assert_eq!(gpu.len(), 4 * GPU_TIMING_TEXTS_PER_SESSION);
+        assert_eq!(gpu.len(), GPU_TIMING_TEXTS);
         // The window is capped: 512 tokens, about 1,536 characters.
         assert!(gpu.iter().all(|t| (1536..1536 + 2000).contains(&t.len())), "{:?}", gpu.iter().map(String::len).collect::<Vec<_>>());
         assert!(gpu.windows(2).any(|w| w[0] != w[1]));

@@ -296,7 +296,7 @@ impl ModelSlot {
                     // Only a reference still waiting is replaced: an unload or a reload since leaves the slot as it is.
                     let waiting = matches!(&inner.state, SlotState::Loaded(m) if m.variant().is_some_and(|v| v.awaiting_survey));
                     if waiting {
-                        let served = Arc::new(model);
+                        let served = Arc::new(*model);
                         if let Some(status) = inner.survey.as_mut() {
                             status.switched = true;
                         }
