@@ -804,8 +804,13 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, Option<LoadedModel>), M
         Some(TrialModel::Own(model)) if served_as_trial => Some(*model),
         // The served reference keeps serving; the layouts are measured on a copy of their own.
         Some(TrialModel::Served(_)) if layouts(config).is_empty() => None,
-        _ => {
-            drop(trials);
+        chosen_trial => {
+            // Their memory back first: on a GPU the chosen variant's sessions load beside the served reference.
+            for held in chosen_trial.into_iter().chain(trials.into_iter().filter_map(|t| t.model)) {
+                if let TrialModel::Own(model) = held {
+                    (*model).unload(UNLOAD_WAIT).await;
+                }
+            }
             let variant = variants[at].as_ref().map_err(|e| ModelError::Engine(e.clone()))?;
             Some(LoadedModel::load(variant, server).await?)
         }
