@@ -1230,13 +1230,22 @@ mod tests {
         assert!(offered.iter().any(|c| file_name(&c.graph) == "model_int8.onnx"), "{offered:?}");
     }
 
-    #[test]
-    fn a_gpu_variant_is_surveyed_as_one_session_and_a_cpu_one_as_served() {
+    /// An auto entry of four sessions on one card, as a config file reads it.
+    fn four_sessions(card: &str, max_tokens: usize) -> ModelConfig {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("eeane.toml");
-        let entry = "[[models]]\nid = \"m\"\nmodel = \"m.onnx\"\ntokenizer = \"t.json\"\nmax_tokens = 256\nprecision = \"auto\"\ndevice = [\"cuda:H100\", \"cuda:H100\", \"cuda:H100\", \"cuda:H100\"]\n";
+        let device = format!("\"cuda:{card}\"");
+        let entry = format!(
+            "[[models]]\nid = \"m\"\nmodel = \"m.onnx\"\ntokenizer = \"t.json\"\nmax_tokens = {max_tokens}\nprecision = \"auto\"\ndevice = [{}]\n",
+            [device.as_str(); 4].join(", ")
+        );
         std::fs::write(&file, entry).unwrap();
-        let mut config = Config::load(Some(&file), &crate::config::CliOverrides::default()).unwrap().models.remove(0);
+        Config::load(Some(&file), &crate::config::CliOverrides::default()).unwrap().models.remove(0)
+    }
+
+    #[test]
+    fn a_gpu_variant_is_surveyed_as_one_session_and_a_cpu_one_as_served() {
+        let mut config = four_sessions("H100", 256);
         let trial = trial_config(&config);
         assert_eq!(trial.device.iter().map(|d| d.to_string()).collect::<Vec<_>>(), ["cuda:H100"]);
         assert_eq!((trial.max_batch, trial.max_batch_tokens, &trial.buckets), (config.max_batch, config.max_batch_tokens, &config.buckets));
@@ -1246,11 +1255,7 @@ mod tests {
 
     #[test]
     fn a_gpu_is_timed_on_texts_near_the_window_and_the_cpu_on_short_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("eeane.toml");
-        let entry = "[[models]]\nid = \"m\"\nmodel = \"m.onnx\"\ntokenizer = \"t.json\"\nmax_tokens = 8192\nprecision = \"auto\"\ndevice = [\"cuda:H200\", \"cuda:H200\", \"cuda:H200\", \"cuda:H200\"]\n";
-        std::fs::write(&file, entry).unwrap();
-        let mut config = Config::load(Some(&file), &crate::config::CliOverrides::default()).unwrap().models.remove(0);
+        let mut config = four_sessions("H200", 8192);
         let gpu = timing_texts(&config);
         assert_eq!(gpu.len(), GPU_TIMING_TEXTS);
         // The window is capped: 512 tokens, about 1,536 characters.
