@@ -778,9 +778,9 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, Option<LoadedModel>), M
                     m.speed_vs_reference = Some(reference_best / trial.best);
                 } else {
                     // Said, not left out: a variant that cannot be timed is never served.
-                    let failed = trial.timing_error.as_deref().unwrap_or("no round completed");
-                    let whose = if trial.best.is_finite() { "the fp32 reference's" } else { "its" };
-                    m.not_measured = Some(format!("{whose} timing rounds failed: {failed}"));
+                    let (whose, failed) = if trial.best.is_finite() { ("the fp32 reference's", &trials[0]) } else { ("its", trial) };
+                    let error = failed.timing_error.as_deref().unwrap_or("no round completed");
+                    m.not_measured = Some(format!("{whose} timing rounds failed: {error}"));
                 }
             }
         }
@@ -889,6 +889,32 @@ enum TrialModel {
     Served(Weak<LoadedModel>),
 }
 
+/// A trial's model for one call: its own, or the lent reference while that
+/// is still loaded.
+enum Held<'a> {
+    Own(&'a LoadedModel),
+    Served(Arc<LoadedModel>),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = LoadedModel;
+    fn deref(&self) -> &LoadedModel {
+        match self {
+            Held::Own(model) => model,
+            Held::Served(model) => model,
+        }
+    }
+}
+
+impl TrialModel {
+    fn held(&self) -> Option<Held<'_>> {
+        match self {
+            TrialModel::Own(model) => Some(Held::Own(model)),
+            TrialModel::Served(served) => served.upgrade().map(Held::Served),
+        }
+    }
+}
+
 impl Trial {
     fn failed(why: String) -> Self {
         Trial { model: None, outcome: Err(why), best: f64::INFINITY, timing_error: None }
@@ -919,10 +945,7 @@ impl Trial {
     /// Embeds `inputs` with the variant; `None` when it is not held (or the
     /// lent reference was unloaded).
     async fn embed(&self, inputs: Arc<Inputs>) -> Option<Result<crate::model::Inference, ModelError>> {
-        match self.model.as_ref()? {
-            TrialModel::Own(model) => Some(model.embed(inputs, None).await),
-            TrialModel::Served(served) => Some(served.upgrade()?.embed(inputs, None).await),
-        }
+        Some(self.model.as_ref()?.held()?.embed(inputs, None).await)
     }
 
     /// Once its engines have no idle work left: a GPU session runs each
@@ -930,14 +953,8 @@ impl Trial {
     /// that (other variants' sessions too) measures the warm-up, not the
     /// variant.
     async fn warmed(&self) {
-        match &self.model {
-            Some(TrialModel::Own(model)) => model.warmed(WARM_WAIT).await,
-            Some(TrialModel::Served(served)) => {
-                if let Some(model) = served.upgrade() {
-                    model.warmed(WARM_WAIT).await;
-                }
-            }
-            None => {}
+        if let Some(model) = self.model.as_ref().and_then(TrialModel::held) {
+            model.warmed(WARM_WAIT).await;
         }
     }
 
