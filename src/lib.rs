@@ -1,6 +1,7 @@
 //! eeane: many text-embedding models, each bound through a TOML registry to a
 //! pluggable engine, served over an OpenAI-compatible HTTP API.
 
+pub mod allocator;
 pub mod batcher;
 pub mod bench;
 pub mod config;

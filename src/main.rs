@@ -141,6 +141,7 @@ fn main() -> ExitCode {
     // Parsing starts no thread, so this still runs before any exists.
     limit_malloc_arenas(matches!(cli.command, Command::EngineHost));
     init_logging(cli.log_format);
+    name_tokenizer_threads();
     let config = |overrides: CliOverrides| find_file(cli.config.as_deref()).and_then(|file| Config::load(file.as_deref(), &overrides));
     match cli.command {
         Command::EngineHost => ExitCode::from(eeane::engine_host::serve_stdio()),
@@ -583,6 +584,14 @@ fn limit_malloc_arenas(engine_host: bool) {
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     let _ = engine_host;
+}
+
+/// Rayon's pool tokenizes large requests; its threads would otherwise carry
+/// the name of whichever thread started it (an HTTP worker's), so that
+/// `top -H` and tests/gpu/load.sh could not tell tokenizing from serving.
+fn name_tokenizer_threads() {
+    // Fails only if the pool exists already; it then keeps its names.
+    let _ = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("tokenize-{i}")).build_global();
 }
 
 /// Past a file-size limit (`ulimit -f`) the kernel kills a writer with SIGXFSZ

@@ -350,7 +350,7 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
             }
             let unloading = Instant::now();
             drop(engine);
-            release_freed_memory();
+            crate::allocator::release_freed_memory();
             metrics::histogram!("eeane_model_unload_seconds", "model" => model.clone()).record(unloading.elapsed().as_secs_f64());
         })
         .map_err(|e| {
@@ -678,16 +678,6 @@ fn token_batch(pipeline: &Pipeline, active: &HashMap<u64, Active>, planned: &Pla
     stats.padded_tokens.fetch_add((batch.batch * batch.seq) as u64, Ordering::Relaxed);
     stats.real_tokens.fetch_add(batch.lengths.iter().sum::<usize>() as u64, Ordering::Relaxed);
     batch
-}
-
-/// Hands memory freed by an unloaded engine back to the OS, so that an unload
-/// shows in the process's resident size (glibc keeps freed heap otherwise).
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 #[cfg(test)]

@@ -100,6 +100,8 @@ for layout in "x8-thread|[$eight]|isolation = \"thread\"" "x4-thread|[$four]|iso
   for _ in $(seq 600); do [ "${LOAD_WAIT_WARM:-1}" = 0 ] || [ "$(grep -c 'every GPU batch shape has run once' "$OUT/load-$tag$name-server.log")" -ge "$sessions" ] && break; sleep 0.2; done
   echo "$tag$name: every shape warmed on all $sessions sessions $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s after the cold start" | tee -a "$OUT/load.txt"
   LOAD_SERVER_PID=$server LOAD_SECONDS=$seconds bash tests/gpu/load.sh http://127.0.0.1:7991 "minilm-$tag" "$root/texts.json" "$OUT/load-$tag$name.json" 2>&1 | tee -a "$OUT/load.txt"
+  # The batches' rows, tokens and run time over the whole load (Prometheus histograms).
+  curl -s localhost:7991/metrics | grep -E '^eeane_(batch_rows|batch_tokens|inference_seconds)' > "$OUT/metrics-$tag$name.txt"
   curl -s -o /dev/null -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"x\", \"keep_alive\": 0}" localhost:7991/v1/embeddings
   sleep 3
   echo "$tag: VRAM after unload $(nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -n 1)" | tee -a "$OUT/load.txt"

@@ -15,9 +15,10 @@
 # were not 2xx, socket errors) and writes them to OUT.json when given.
 # Where the time went, per run, so that a run says what bounds it: the
 # machine's busy cores (/proc/stat), wrk's own, the server's (LOAD_SERVER_PID:
-# the server's process; its engine processes, its children, counted apart)
-# and the GPU's busy share (nvidia-smi's utilization.gpu, sampled every
-# 200 ms, where there is one).
+# the server's process, its threads by name, and its engine processes, its
+# children, counted apart) and the GPU's busy share (nvidia-smi's
+# utilization.gpu, sampled every 200 ms, where there is one), all over the
+# seconds wrk measured.
 # Needs wrk (Debian's package; EEANE_EXTRA_MODELS=wrk bash models/setup.sh)
 # and python3 (standard library only). LOAD_THREADS: wrk's threads
 # (default: the cores, at most 8).
@@ -62,77 +63,56 @@ done
 ready=$(python3 -c "import time; print(f'{time.time() - $started:.1f}')")
 echo "load.sh: $model answered after ${ready} s; wrk $(wrk --version 2>&1 | head -n 1 | awk '{print $2}'), $threads threads, $cores cores"
 
-# CPU time so far, in clock ticks (the machine's busy time, the server's process,
-# its children: engine processes), with the CPUs /proc/stat counts and the
-# monotonic clock, as one JSON line.
-cpu_ticks() {
-  python3 - "${LOAD_SERVER_PID:-}" <<'PY'
-import json, os, sys, time
-def ticks(pid):
-    try:
-        # Fields after the command's closing parenthesis: utime is the 12th, stime the 13th.
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return 0
-stat = open("/proc/stat").read().splitlines()
-cpu = [int(x) for x in stat[0].split()[1:9]]  # guest time is inside user already
-idle = cpu[3] + cpu[4]
-cores = sum(1 for line in stat if line.startswith("cpu") and line[3].isdigit())
-server, children = sys.argv[1], 0
-if server:
-    # Every live process whose parent chain reaches the server.
-    parent = {}
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            parent[p] = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]
-        except (OSError, IndexError):
-            pass
-    def under(p):
-        while p in parent and p != "1":
-            p = parent[p]
-            if p == server:
-                return True
-        return False
-    children = sum(ticks(p) for p in parent if under(p))
-print(json.dumps({"at": time.monotonic(), "cores": cores, "busy": sum(cpu) - idle, "server": ticks(server) if server else None, "engines": children}))
-PY
-}
-
 # One wrk run: mode, texts a request, connections, seconds -> a JSON line.
+# CPU and GPU figures count only the seconds wrk measured (its last
+# `duration` before it exits), not its start, when each of its threads reads
+# the bodies file: that took 6 of 14 s on a 16-core machine and, counted in,
+# showed the server's cores 1.8 times lower than they were.
 run() {
-  local mode=$1 per=$2 connections=$3 duration=$4 bodies=$5 line before after gpu_pid="" wrk_cpu
-  before=$(cpu_ticks)
+  local mode=$1 per=$2 connections=$3 duration=$4 bodies=$5 line sampler gpu_pid="" wrk_cpu
+  python3 "$here/cpu_snapshots.py" 0.25 "${LOAD_SERVER_PID:-}" > "$work/cpu.jsonl" &
+  sampler=$!
   if command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$work/gpu.txt" 2>/dev/null &
     gpu_pid=$!
   fi
   # bash's `time` gives wrk's own user and system seconds.
   { TIMEFORMAT='%U %S'; time wrk -t"$threads" -c"$connections" -d"${duration}s" --timeout 120s -s "$here/load.lua" "$url" -- "$bodies" > "$work/wrk.txt"; } 2> "$work/wrk-time.txt"
-  after=$(cpu_ticks)
+  python3 "$here/cpu_snapshots.py" 0 "${LOAD_SERVER_PID:-}" >> "$work/cpu.jsonl"
+  kill "$sampler"; wait "$sampler" 2>/dev/null || true
   [ -z "$gpu_pid" ] || { kill "$gpu_pid"; wait "$gpu_pid" 2>/dev/null; }
   line=$(grep '^LOAD ' "$work/wrk.txt")
   wrk_cpu=$(tail -n 1 "$work/wrk-time.txt")
-  python3 - "$mode" "$per" "$connections" "$before" "$after" "$work/gpu.txt" $wrk_cpu $line <<'PY'
+  python3 - "$mode" "$per" "$connections" "$work/cpu.jsonl" "$work/gpu.txt" $wrk_cpu $line <<'PY'
 import json, os, sys
-mode, per, connections, before, after, gpu_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6]
-wrk_user, wrk_system = map(float, sys.argv[7:9])
-requests, duration_us, non2xx, socket, p50, p99 = map(int, sys.argv[10:16])
+mode, per, connections, cpu_file, gpu_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+wrk_user, wrk_system = map(float, sys.argv[6:8])
+requests, duration_us, non2xx, socket, p50, p99 = map(int, sys.argv[9:15])
 seconds, hz = duration_us / 1e6, os.sysconf("SC_CLK_TCK")
+snapshots = [json.loads(l) for l in open(cpu_file) if l.strip()]
+after = snapshots[-1]
+# The first snapshot inside wrk's measured seconds (one every 0.25 s).
+before = next((s for s in snapshots if s["at"] >= after["at"] - seconds), snapshots[0])
 good = requests - non2xx
-cores, span = after["cores"], after["at"] - before["at"]  # the CPUs /proc/stat counts; seconds between the snapshots
+cores, span = after["cores"], max(after["at"] - before["at"], 1e-3)
 row = {"mode": mode, "texts_per_request": per, "connections": connections, "seconds": seconds,
        "texts_per_s": good * per / seconds, "requests_per_s": requests / seconds,
        "p50_ms": p50 / 1e3, "p99_ms": p99 / 1e3, "not_2xx": non2xx, "socket_errors": socket,
-       "cores": cores, "machine_busy_cores": (after["busy"] - before["busy"]) / hz / span,
-       "wrk_cores": (wrk_user + wrk_system) / span}
-if before["server"] is not None:
+       "cores": cores, "measured_span_s": span, "machine_busy_cores": (after["busy"] - before["busy"]) / hz / span,
+       # wrk's CPU over its whole life, its start included: an upper bound.
+       "wrk_cores": (wrk_user + wrk_system) / seconds}
+if "server" in after:
     row["server_cores"] = (after["server"] - before["server"]) / hz / span
     # Engine processes started during the run count from zero.
     row["engine_process_cores"] = max(after["engines"] - before["engines"], 0) / hz / span
-    row["server_cpu_us_per_text"] = (after["server"] - before["server"]) / hz * 1e6 / max(good * per, 1)
+    row["server_cpu_us_per_text"] = row["server_cores"] * 1e6 / max(row["texts_per_s"], 1e-9)
+    # The server's threads by name; threads that ended during the run count as "ended".
+    parts = {name: (ticks - before["threads"].get(name, 0)) / hz / span for name, ticks in after["threads"].items()}
+    parts["ended"] = row["server_cores"] - sum(parts.values())
+    row["server_threads_cores"] = {k: v for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.005}
 try:
     samples = [float(x) for x in open(gpu_file).read().split() if x.strip()]
+    samples = samples[-max(int(seconds / 0.2), 1):]  # nvidia-smi's 200 ms samples in wrk's seconds
     if samples:
         row["gpu_busy_percent"] = sum(samples) / len(samples)
 except OSError:
@@ -161,9 +141,12 @@ for r in rows:
     where = [f"machine {r['machine_busy_cores']:.1f} of {r['cores']} cores busy", f"wrk {r['wrk_cores']:.2f}"]
     if "server_cores" in r:
         where += [f"server {r['server_cores']:.2f} ({r['server_cpu_us_per_text']:.0f} us a text)", f"engine processes {r['engine_process_cores']:.2f}"]
+        threads = ", ".join(f"{k} {v:.2f}" for k, v in r["server_threads_cores"].items())
     if "gpu_busy_percent" in r:
         where.append(f"GPU busy {r['gpu_busy_percent']:.0f} %")
     print(f"{'':>32}  {', '.join(where)}")
+    if "server_threads_cores" in r:
+        print(f"{'':>32}  server threads (cores): {threads}")
 PY
 if [ -n "$out" ]; then
   printf '%s\n' "${results[@]}" | python3 -c 'import json, sys; json.dump([json.loads(l) for l in sys.stdin if l.strip()], open(sys.argv[1], "w"), indent=1)' "$out"
