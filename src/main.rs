@@ -549,20 +549,18 @@ async fn shutdown_signal() {
     tracing::info!("shutting down: no new connections; finishing in-flight requests");
 }
 
-/// Tunes glibc's allocator, which the C runtimes use, so that an unloaded
-/// model's memory goes back to the OS.
+/// Tunes glibc's allocator, which the C runtimes use (Rust's own allocations
+/// go to jemalloc: src/allocator.rs), so that an unloaded model's memory goes
+/// back to the OS.
 ///
 /// glibc gives each busy thread its own heap arena, up to 8 per core, and each
 /// keeps freed memory of its own: with engine, tokenizer and HTTP threads an
 /// unload left tens of MiB behind. The server keeps one arena per core it may
-/// use: its threads allocate at once for every request (the tokenizer
-/// allocates per token). With one arena they queued on its lock and woke each
-/// other: under one text a request the server spent 1.4-1.6 times the CPU it
-/// spends with one a core, while its unloaded RSS is the same with one, two
+/// use: with one, threads queued on its lock and woke each other (1.4-1.6
+/// times the CPU under one text a request, measured while the tokenizer still
+/// allocated from glibc), while its unloaded RSS is the same with one, two
 /// or four (docs/performance.md). An engine process, where the runtime's compute
-/// threads allocate at once, keeps two. Rust's allocations use glibc too:
-/// mimalloc as the global allocator escaped the one arena's lock, but kept
-/// 17-22 % more RSS after each unload (2026-12-01).
+/// threads allocate at once, keeps two.
 ///
 /// glibc also raises its mmap threshold (up to 32 MiB) each time a large mmapped
 /// block is freed, so after the first unload the next model's large buffers
