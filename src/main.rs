@@ -138,10 +138,13 @@ enum Command {
 fn main() -> ExitCode {
     write_errors_instead_of_sigxfsz();
     let cli = Cli::parse();
-    // Parsing starts no thread, so this still runs before any exists.
+    // Before the server's own threads start: glibc's arenas are set for the
+    // threads to come (jemalloc's background thread allocates from jemalloc).
     limit_malloc_arenas(matches!(cli.command, Command::EngineHost));
     init_logging(cli.log_format);
-    name_tokenizer_threads();
+    if !matches!(cli.command, Command::EngineHost) {
+        name_tokenizer_threads();
+    }
     let config = |overrides: CliOverrides| find_file(cli.config.as_deref()).and_then(|file| Config::load(file.as_deref(), &overrides));
     match cli.command {
         Command::EngineHost => ExitCode::from(eeane::engine_host::serve_stdio()),
@@ -569,7 +572,8 @@ async fn shutdown_signal() {
 /// mapping, returned whole on free. docs/lifecycle.md has the soak figures.
 fn limit_malloc_arenas(engine_host: bool) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: called in main before any other thread exists.
+    // SAFETY: mallopt takes glibc's own lock; called in main before the
+    // threads that allocate from glibc (the runtimes') exist.
     unsafe {
         // An operator's own glibc tuning wins.
         if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
@@ -587,6 +591,8 @@ fn limit_malloc_arenas(engine_host: bool) {
 /// Rayon's pool tokenizes large requests; its threads would otherwise carry
 /// the name of whichever thread started it (an HTTP worker's), so that
 /// `top -H` and tests/gpu/load.sh could not tell tokenizing from serving.
+/// Named, the pool starts with the process; an engine process, which
+/// tokenizes nothing, goes without.
 fn name_tokenizer_threads() {
     // Fails only if the pool exists already; it then keeps its names.
     let _ = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("tokenize-{i}")).build_global();

@@ -29,7 +29,7 @@ fn the_load_generator_measures_bulk_and_one_text_a_request() {
         .envs([
             ("LOAD_SECONDS", "2"),
             ("LOAD_BULK", "8"),
-            ("LOAD_BULK_CONNECTIONS", "2"),
+            ("LOAD_BULK_CONNECTIONS", "3"),
             ("LOAD_IN_FLIGHT", "4 16"),
             ("LOAD_THREADS", "2"),
             ("LOAD_SERVER_PID", pid.as_str()),
@@ -41,7 +41,7 @@ fn the_load_generator_measures_bulk_and_one_text_a_request() {
     println!("{stdout}");
     let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let shape: Vec<(&str, u64)> = rows.iter().map(|r| (r["mode"].as_str().unwrap(), r["connections"].as_u64().unwrap())).collect();
-    assert_eq!(shape, [("bulk", 2), ("one", 4), ("one", 16)]);
+    assert_eq!(shape, [("bulk", 3), ("one", 4), ("one", 16)]);
     for row in &rows {
         assert!(row["texts_per_s"].as_f64().unwrap() > 0.0 && row["p50_ms"].as_f64() <= row["p99_ms"].as_f64(), "{row}");
         assert_eq!((row["not_2xx"].as_u64(), row["socket_errors"].as_u64()), (Some(0), Some(0)), "{row}");
@@ -51,6 +51,13 @@ fn the_load_generator_measures_bulk_and_one_text_a_request() {
             let part = row[key].as_f64().unwrap_or_else(|| panic!("{key} missing: {row}"));
             assert!(key == "server_cpu_us_per_text" || (0.0..=cores * 1.05).contains(&part), "{key} outside 0..{cores}: {row}");
         }
+        // wrk opens connections / threads a thread: its threads divide the connections.
+        let (connections, threads) = (row["connections"].as_u64().unwrap(), row["wrk_threads"].as_u64().unwrap());
+        assert_eq!(connections % threads, 0, "{row}");
+        // The CPU counted covers wrk's measured seconds, not its start.
+        assert!(row["measured_span_s"].as_f64().unwrap() <= row["seconds"].as_f64().unwrap() + 0.5, "{row}");
+        // The server's CPU by thread name: its HTTP workers' group among them.
+        assert!(row["server_threads_cores"].get("tokio-rt-worker").is_some_and(Value::is_f64), "{row}");
     }
     // The server tokenized and answered every run: its CPU, counted in clock
     // ticks, is not zero over them all.

@@ -1,8 +1,8 @@
 """CPU time snapshots for tests/gpu/load.sh, one JSON line every INTERVAL
 seconds until killed (one line, with INTERVAL 0): the monotonic clock, the machine's busy clock ticks
 (/proc/stat), and for SERVER_PID (optional) its own ticks, its threads' ticks
-by name (digits and a trailing dash dropped: "tokenize-3" counts as
-"tokenize"), and those of every process below it (engine processes).
+by name (a trailing "-N" dropped: "tokenize-3" counts as "tokenize";
+Linux keeps a thread's first 15 characters), and those of every process below it (engine processes).
 Threads inherit their creator's name on Linux, so a runtime's own threads
 count with the engine thread that started them.
 
@@ -26,7 +26,7 @@ def ticks(stat_path):
 def snapshot(server):
     stat = open("/proc/stat").read().splitlines()
     cpu = [int(x) for x in stat[0].split()[1:9]]  # guest time is inside user already
-    row = {"at": time.monotonic(), "cores": sum(1 for line in stat if line.startswith("cpu") and line[3].isdigit()), "busy": sum(cpu) - cpu[3] - cpu[4]}
+    row = {"at": time.monotonic(), "wall": time.time(), "cores": sum(1 for line in stat if line.startswith("cpu") and line[3].isdigit()), "busy": sum(cpu) - cpu[3] - cpu[4]}
     if not server:
         return row
     groups = {}
@@ -39,7 +39,7 @@ def snapshot(server):
             name = open(f"/proc/{server}/task/{tid}/comm").read().strip()
         except OSError:
             continue
-        name = re.sub(r"[-_]?\d+$", "", name) or "?"
+        name = re.sub(r"-\d+$", "", name) or "?"
         groups[name] = groups.get(name, 0) + ticks(f"/proc/{server}/task/{tid}/stat")
     parent = {}
     for p in filter(str.isdigit, os.listdir("/proc")):

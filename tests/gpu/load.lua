@@ -18,7 +18,8 @@ function init(args)
   for line in io.lines(args[1]) do
     bodies[#bodies + 1] = line
   end
-  counter = math.floor(#bodies * id / 8)
+  -- args[2]: how many threads share the file, each starting at its own place.
+  counter = math.floor(#bodies * id / tonumber(args[2] or 8))
   headers = { ["Content-Type"] = "application/json" }
 end
 

@@ -20,8 +20,9 @@
 # utilization.gpu, sampled every 200 ms, where there is one), all over the
 # seconds wrk measured.
 # Needs wrk (Debian's package; EEANE_EXTRA_MODELS=wrk bash models/setup.sh)
-# and python3 (standard library only). LOAD_THREADS: wrk's threads
-# (default: the cores, at most 8).
+# and python3 (standard library only). LOAD_THREADS: wrk's threads (default:
+# the cores, at most 8; fewer where they would not divide a run's
+# connections).
 set -euo pipefail
 url=${1:?usage: load.sh URL MODEL TEXTS.json [OUT.json]}
 model=${2:?model id}
@@ -46,9 +47,15 @@ texts, model, bulk, work = json.load(open(sys.argv[1])), sys.argv[2], int(sys.ar
 with open(f"{work}/one.jsonl", "w") as f:
     for t in texts:
         f.write(json.dumps({"model": model, "input": [t], "encoding_format": "base64"}) + "\n")
+# Bulk body i holds the texts from i * bulk on: consecutive bodies share
+# none, and the offsets cycle after len(texts) / gcd(len(texts), bulk)
+# bodies (125 of 256 texts for 4,000), a file each wrk thread reads in a
+# moment (a body per starting text made 600 MB, read at wrk's start while
+# its first threads already sent requests that wrk then counted).
+import math
 with open(f"{work}/bulk.jsonl", "w") as f:
-    for i in range(len(texts)):
-        chunk = [texts[(i + k) % len(texts)] for k in range(bulk)]
+    for i in range(len(texts) // math.gcd(len(texts), bulk)):
+        chunk = [texts[(i * bulk + k) % len(texts)] for k in range(bulk)]
         f.write(json.dumps({"model": model, "input": chunk, "encoding_format": "base64"}) + "\n")
 PY
 
@@ -61,33 +68,37 @@ until [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'content-type: application/
   sleep 0.5
 done
 ready=$(python3 -c "import time; print(f'{time.time() - $started:.1f}')")
-echo "load.sh: $model answered after ${ready} s; wrk $(wrk --version 2>&1 | head -n 1 | awk '{print $2}'), $threads threads, $cores cores"
+echo "load.sh: $model answered after ${ready} s; wrk $(wrk --version 2>&1 | head -n 1 | awk '{print $2}'), up to $threads threads, $cores cores"
 
 # One wrk run: mode, texts a request, connections, seconds -> a JSON line.
 # CPU and GPU figures count only the seconds wrk measured (its last
-# `duration` before it exits), not its start, when each of its threads reads
-# the bodies file: that took 6 of 14 s on a 16-core machine and, counted in,
+# `duration` before it exits), not its start: with a body per starting text
+# each thread read 600 MB there, 6 of 14 s on a 16-core machine, which
 # showed the server's cores 1.8 times lower than they were.
 run() {
-  local mode=$1 per=$2 connections=$3 duration=$4 bodies=$5 line sampler gpu_pid="" wrk_cpu
+  local mode=$1 per=$2 connections=$3 duration=$4 bodies=$5 line sampler gpu_pid="" wrk_cpu wrk_threads=$threads
+  # wrk opens connections / threads connections a thread, rounded down: the
+  # threads must divide the connections (12 over 8 threads were 8).
+  while [ $((connections % wrk_threads)) -ne 0 ]; do wrk_threads=$((wrk_threads - 1)); done
   python3 "$here/cpu_snapshots.py" 0.25 "${LOAD_SERVER_PID:-}" > "$work/cpu.jsonl" &
   sampler=$!
   if command -v nvidia-smi > /dev/null; then
-    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$work/gpu.txt" 2>/dev/null &
+    nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$work/gpu.txt" 2>/dev/null &
     gpu_pid=$!
   fi
   # bash's `time` gives wrk's own user and system seconds.
-  { TIMEFORMAT='%U %S'; time wrk -t"$threads" -c"$connections" -d"${duration}s" --timeout 120s -s "$here/load.lua" "$url" -- "$bodies" > "$work/wrk.txt"; } 2> "$work/wrk-time.txt"
+  { TIMEFORMAT='%U %S'; time wrk -t"$wrk_threads" -c"$connections" -d"${duration}s" --timeout 120s -s "$here/load.lua" "$url" -- "$bodies" "$wrk_threads" > "$work/wrk.txt"; } 2> "$work/wrk-time.txt"
+  kill "$sampler" 2>/dev/null || true
+  wait "$sampler" 2>/dev/null || true
   python3 "$here/cpu_snapshots.py" 0 "${LOAD_SERVER_PID:-}" >> "$work/cpu.jsonl"
-  kill "$sampler"; wait "$sampler" 2>/dev/null || true
   [ -z "$gpu_pid" ] || { kill "$gpu_pid"; wait "$gpu_pid" 2>/dev/null; }
   line=$(grep '^LOAD ' "$work/wrk.txt")
   wrk_cpu=$(tail -n 1 "$work/wrk-time.txt")
-  python3 - "$mode" "$per" "$connections" "$work/cpu.jsonl" "$work/gpu.txt" $wrk_cpu $line <<'PY'
+  python3 - "$mode" "$per" "$connections" "$wrk_threads" "$work/cpu.jsonl" "$work/gpu.txt" $wrk_cpu $line <<'PY'
 import json, os, sys
-mode, per, connections, cpu_file, gpu_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-wrk_user, wrk_system = map(float, sys.argv[6:8])
-requests, duration_us, non2xx, socket, p50, p99 = map(int, sys.argv[9:15])
+mode, per, connections, wrk_threads, cpu_file, gpu_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+wrk_user, wrk_system = map(float, sys.argv[7:9])
+requests, duration_us, non2xx, socket, p50, p99 = map(int, sys.argv[10:16])
 seconds, hz = duration_us / 1e6, os.sysconf("SC_CLK_TCK")
 snapshots = [json.loads(l) for l in open(cpu_file) if l.strip()]
 after = snapshots[-1]
@@ -95,7 +106,7 @@ after = snapshots[-1]
 before = next((s for s in snapshots if s["at"] >= after["at"] - seconds), snapshots[0])
 good = requests - non2xx
 cores, span = after["cores"], max(after["at"] - before["at"], 1e-3)
-row = {"mode": mode, "texts_per_request": per, "connections": connections, "seconds": seconds,
+row = {"mode": mode, "texts_per_request": per, "connections": connections, "wrk_threads": wrk_threads, "seconds": seconds,
        "texts_per_s": good * per / seconds, "requests_per_s": requests / seconds,
        "p50_ms": p50 / 1e3, "p99_ms": p99 / 1e3, "not_2xx": non2xx, "socket_errors": socket,
        "cores": cores, "measured_span_s": span, "machine_busy_cores": (after["busy"] - before["busy"]) / hz / span,
@@ -109,10 +120,20 @@ if "server" in after:
     # The server's threads by name; threads that ended during the run count as "ended".
     parts = {name: (ticks - before["threads"].get(name, 0)) / hz / span for name, ticks in after["threads"].items()}
     parts["ended"] = row["server_cores"] - sum(parts.values())
-    row["server_threads_cores"] = {k: v for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.005}
+    row["server_threads_cores"] = dict(sorted(parts.items(), key=lambda kv: -kv[1]))
 try:
-    samples = [float(x) for x in open(gpu_file).read().split() if x.strip()]
-    samples = samples[-max(int(seconds / 0.2), 1):]  # nvidia-smi's 200 ms samples in wrk's seconds
+    # nvidia-smi's samples ("2026/12/05 19:04:06.123, 66", a line a GPU)
+    # whose time falls in wrk's seconds, on the wall clock of the last snapshot.
+    import datetime
+    samples = []
+    for line in open(gpu_file):
+        stamp, _, busy = line.rpartition(",")
+        try:
+            at = datetime.datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            if at >= after["wall"] - seconds:
+                samples.append(float(busy))
+        except ValueError:
+            pass
     if samples:
         row["gpu_busy_percent"] = sum(samples) / len(samples)
 except OSError:
@@ -141,7 +162,7 @@ for r in rows:
     where = [f"machine {r['machine_busy_cores']:.1f} of {r['cores']} cores busy", f"wrk {r['wrk_cores']:.2f}"]
     if "server_cores" in r:
         where += [f"server {r['server_cores']:.2f} ({r['server_cpu_us_per_text']:.0f} us a text)", f"engine processes {r['engine_process_cores']:.2f}"]
-        threads = ", ".join(f"{k} {v:.2f}" for k, v in r["server_threads_cores"].items())
+        threads = ", ".join(f"{k} {v:.2f}" for k, v in r["server_threads_cores"].items() if v >= 0.005)
     if "gpu_busy_percent" in r:
         where.append(f"GPU busy {r['gpu_busy_percent']:.0f} %")
     print(f"{'':>32}  {', '.join(where)}")
