@@ -34,6 +34,7 @@ const LAYERS: &[&str] = &[
     "cpu_sets",
     "integrity",
     "sync",
+    "allocator",
 ];
 
 #[test]
