@@ -3,9 +3,9 @@
 //! Rust's allocations go to jemalloc on Linux. A GPU host's cores bound its
 //! bulk, and most of them tokenize: the tokenizer allocates and frees for
 //! every token, and with glibc's malloc about a quarter of its time went to
-//! malloc and free (docs/history/performance-log.md). On a lent H100,
-//! jemalloc cut the server's CPU a text in bulk from 290 to 224 µs and its
-//! tokenizing from 257 to 193 µs a text (docs/performance.md). mimalloc
+//! malloc and free (docs/history/performance-log.md). On a lent H100, one
+//! card and call, jemalloc cut the server's CPU a text in bulk from 370 to
+//! 255-290 µs and gave bulk 1.12-1.22x (docs/performance.md). mimalloc
 //! saved as much but kept 15-22 % more RSS after an unload, and its options
 //! cannot be set before its first heap; jemalloc's purge empties every
 //! arena on demand.
