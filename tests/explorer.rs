@@ -7,8 +7,10 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{model_entry, Server};
 use serde_json::Value;
@@ -22,14 +24,7 @@ fn docs_renders_every_operation_and_try_it_out_answers_200() {
     let server = Server::start(Some(&format!("[server]\napi_key = \"explorer-key\"\n{}", model_entry("all-minilm-l6-v2", "all-minilm-l6-v2", ""))), &[]);
     let screenshot = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/explorer.png");
     let _ = std::fs::remove_file(&screenshot);
-    let out = Command::new(python)
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/tools/explorer.py"))
-        .args([server.url.as_str(), "explorer-key"])
-        .arg(&screenshot)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let got: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let got = run_explorer(&python, &server.url, &screenshot);
     let operations: Vec<&str> = got["operations"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     for path in ["/v1/embeddings", "/v1/rerank", "/embed", "/tokenize", "/api/embed", "/api/tags", "/health"] {
         assert!(operations.contains(&path), "{path} not rendered: {operations:?}");
@@ -43,4 +38,49 @@ fn docs_renders_every_operation_and_try_it_out_answers_200() {
     assert_eq!(got["foreign_requests"], serde_json::json!([]), "the page fetched from elsewhere");
     let png = std::fs::read(&screenshot).unwrap();
     assert!(png.starts_with(b"\x89PNG") && png.len() > 20_000, "screenshot of {} bytes", png.len());
+}
+
+/// Runs tests/tools/explorer.py in a process group of its own, its output in
+/// files (a browser process left behind cannot hold a pipe open), for at most
+/// three minutes; then the group is killed. The findings line counts when it
+/// was printed, even if the browser then hung on its way out: that is
+/// Chromium's shutdown, not the page. Anything else fails with the tool's
+/// stderr, where a hang inside the tool shows as every thread's stack.
+fn run_explorer(python: &Path, url: &str, screenshot: &Path) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let (stdout_path, stderr_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut child = Command::new(python)
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/tools/explorer.py"))
+        .args([url, "explorer-key"])
+        .arg(screenshot)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The browser and Playwright's driver go with the group, whatever the tool did.
+    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).stderr(Stdio::null()).status();
+    let _ = child.wait();
+    let stdout = std::fs::read_to_string(&stdout_path).unwrap();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    let findings = stdout.lines().find_map(|line| serde_json::from_str::<Value>(line).ok());
+    match (status, findings) {
+        (Some(status), Some(findings)) if status.success() => findings,
+        (None, Some(findings)) => {
+            eprintln!("explorer.py printed its findings but had not exited after 180 s; killed. Its stderr:\n{stderr}");
+            findings
+        }
+        (status, _) => panic!("explorer.py ended {status:?} without its findings.\nstdout:\n{stdout}\nstderr:\n{stderr}"),
+    }
 }

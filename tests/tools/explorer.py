@@ -9,6 +9,7 @@ Prints one JSON line: {"operations": [...], "schemas": [...], "status": "200",
 "vectors": N, "foreign_requests": [...]} (requests to any other host than the
 server's: the page must load nothing from elsewhere).
 """
+import faulthandler
 import json
 import sys
 from urllib.parse import urlparse
@@ -18,9 +19,15 @@ from playwright.sync_api import sync_playwright
 url, key, screenshot = sys.argv[1], sys.argv[2], sys.argv[3]
 host = urlparse(url).netloc
 
+# Some Playwright calls (new_page, close) wait without a limit: a browser that
+# stops answering would hang the test run. Past 150 s every thread's stack goes
+# to stderr and the process exits, so the test fails saying where it stood.
+faulthandler.dump_traceback_later(150, exit=True)
+
 with sync_playwright() as p:
-    browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
+    browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], timeout=60_000)
     page = browser.new_page(viewport={"width": 1400, "height": 2200})
+    page.set_default_timeout(30_000)
     foreign = []
     page.on("request", lambda r: urlparse(r.url).netloc != host and not r.url.startswith("data:") and foreign.append(r.url))
     page.goto(f"{url}/docs/")
@@ -52,6 +59,7 @@ with sync_playwright() as p:
     answer = json.loads(body)
     vectors = len(answer.get("data", []))
     page.screenshot(path=screenshot, full_page=False)
+    # The findings are out before the browser closes: a browser that hangs on
+    # its way out is then told apart from a page that did not work.
+    print(json.dumps({"operations": operations, "schemas": schemas, "status": status, "vectors": vectors, "answer": answer if not vectors else None, "foreign_requests": foreign}), flush=True)
     browser.close()
-
-print(json.dumps({"operations": operations, "schemas": schemas, "status": status, "vectors": vectors, "answer": answer if not vectors else None, "foreign_requests": foreign}))
