@@ -110,12 +110,27 @@ fn many_texts_at_once_equal_each_text_alone() {
     }
 }
 
-/// tokenizer.json in eeane (the `tokenizers` crate, special tokens added by
-/// the frame found at load) against Python's `tokenizers` on the same file.
+/// Paragraphs of this repository's Rust code and docs: mostly ASCII, the
+/// texts BERT's ASCII way in eeane (src/tokenize/ascii_wordpiece.rs) takes.
+fn repository_paragraphs() -> Vec<String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<PathBuf> = ["src", "src/tokenize", "src/http", "docs"]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(root.join(dir)).unwrap().map(|e| e.unwrap().path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "rs" || e == "md"))
+        .collect();
+    files.sort();
+    files.iter().flat_map(|f| std::fs::read_to_string(f).unwrap().split("\n\n").map(str::to_string).collect::<Vec<_>>()).collect()
+}
+
+/// tokenizer.json in eeane (the `tokenizers` crate, BERT's ASCII way, special
+/// tokens added by the frame found at load) against Python's `tokenizers` on
+/// the same file.
 #[test]
 fn tokenizer_json_ids_equal_python() {
     let path = common::minilm_dir().join("tokenizer.json");
-    let texts = corpus();
+    let mut texts = corpus();
+    texts.extend(repository_paragraphs());
     for max_tokens in [1_000_000, 128] {
         let want = run_reference("hf_ids.py", &json!({"tokenizer": path, "max_tokens": max_tokens, "texts": texts}));
         let column =
