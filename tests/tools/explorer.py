@@ -20,9 +20,9 @@ url, key, screenshot = sys.argv[1], sys.argv[2], sys.argv[3]
 host = urlparse(url).netloc
 
 # Some Playwright calls (new_page, close) wait without a limit: a browser that
-# stops answering would hang the test run. Past 150 s every thread's stack goes
+# stops answering would hang the test run. Past 100 s every thread's stack goes
 # to stderr and the process exits, so the test fails saying where it stood.
-faulthandler.dump_traceback_later(150, exit=True)
+faulthandler.dump_traceback_later(100, exit=True)
 
 with sync_playwright() as p:
     browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], timeout=60_000)
