@@ -110,8 +110,8 @@ fn many_texts_at_once_equal_each_text_alone() {
     }
 }
 
-/// Paragraphs of this repository's Rust code and docs: mostly ASCII, the
-/// texts BERT's ASCII way in eeane (src/tokenize/ascii_wordpiece.rs) takes.
+/// Paragraphs of this repository's Rust code and docs: code and prose, the
+/// texts BERT's short way in eeane (src/tokenize/bert_wordpiece.rs) takes.
 fn repository_paragraphs() -> Vec<String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut files: Vec<PathBuf> = ["src", "src/tokenize", "src/http", "docs"]

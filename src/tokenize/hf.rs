@@ -4,13 +4,13 @@ use std::path::Path;
 
 use tokenizers::{Encoding, PostProcessor, Token, Tokenizer};
 
-use super::ascii_wordpiece::AsciiWordPiece;
+use super::bert_wordpiece::BertWordPiece;
 use super::{Encoded, TokenizeError, Vocabulary};
 
 pub struct HfTokenizer {
     inner: Tokenizer,
-    /// BERT's pipeline on ASCII text without the crate's per-byte bookkeeping.
-    ascii: Option<AsciiWordPiece>,
+    /// BERT's pipeline without the crate's per-byte bookkeeping, when the file is BERT's.
+    bert: Option<BertWordPiece>,
     vocab_size: usize,
     pad_id: i64,
     specials: usize,
@@ -72,8 +72,8 @@ impl HfTokenizer {
         let vocab_size = inner.get_vocab_size(true);
         let specials = inner.get_post_processor().map(|p| p.added_tokens(false)).unwrap_or(0);
         let pair_specials = inner.get_post_processor().map(|p| p.added_tokens(true)).unwrap_or(0);
-        let ascii = AsciiWordPiece::find(&inner);
-        let mut tokenizer = Self { inner, ascii, vocab_size, pad_id, specials, pair_specials, frame: None };
+        let bert = BertWordPiece::find(&inner);
+        let mut tokenizer = Self { inner, bert, vocab_size, pad_id, specials, pair_specials, frame: None };
         // Two ordinary ids to probe with: the vocabulary's last two.
         if vocab_size >= 2 {
             let (a, b) = (vocab_size as u32 - 1, vocab_size as u32 - 2);
@@ -123,7 +123,7 @@ impl Vocabulary for HfTokenizer {
     /// `encode_batch`, one thread, stdlib paragraphs: 2,924-3,104 texts/s
     /// against 2,201-2,774).
     fn content(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        if let Some(ids) = self.ascii.as_ref().and_then(|fast| fast.content(text, self.inner.get_model())) {
+        if let Some(ids) = self.bert.as_ref().and_then(|fast| fast.content(text, self.inner.get_model())) {
             return ids;
         }
         let encoding = self.inner.encode_fast(text, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;

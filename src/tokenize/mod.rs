@@ -2,7 +2,7 @@
 //! sequences the model sees, special tokens, truncation and long-text windows
 //! included. Engines never tokenize.
 
-mod ascii_wordpiece;
+mod bert_wordpiece;
 mod hf;
 mod sentencepiece;
 
