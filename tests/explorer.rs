@@ -93,12 +93,14 @@ fn run_explorer(python: &Path, url: &str, screenshot: &Path) -> Explorer {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    // The browser and Playwright's driver go with the group, whatever the tool did.
-    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).stderr(Stdio::null()).status();
+    // The browser and Playwright's driver go with the group, whatever the tool
+    // did (ESRCH when the group is already empty).
+    // SAFETY: killpg takes a process group id and a signal, nothing else.
+    unsafe { libc::killpg(child.id() as libc::pid_t, libc::SIGKILL) };
     let _ = child.wait();
     let stdout = std::fs::read_to_string(&stdout_path).unwrap();
     let stderr = std::fs::read_to_string(&stderr_path).unwrap();
-    let findings = stdout.lines().find_map(|line| serde_json::from_str::<Value>(line).ok());
+    let findings = stdout.lines().filter_map(|line| serde_json::from_str::<Value>(line).ok()).find(|v| v.get("operations").is_some());
     let report = format!("explorer.py ended {status:?} without its findings.\nstdout:\n{stdout}\nstderr:\n{stderr}");
     match (status, findings) {
         (Some(status), Some(findings)) if status.success() => Explorer::Findings(findings),
@@ -108,7 +110,7 @@ fn run_explorer(python: &Path, url: &str, screenshot: &Path) -> Explorer {
         }
         // faulthandler's watchdog writes "Timeout (0:01:40)!" before the stacks.
         (None, None) => Explorer::Hung(report),
-        (Some(_), None) if stderr.starts_with("Timeout (") => Explorer::Hung(report),
+        (Some(_), None) if stderr.lines().any(|l| l.starts_with("Timeout (")) => Explorer::Hung(report),
         (Some(_), _) => Explorer::Failed(report),
     }
 }

@@ -123,7 +123,7 @@ fn repository_paragraphs() -> Vec<String> {
     files.iter().flat_map(|f| std::fs::read_to_string(f).unwrap().split("\n\n").map(str::to_string).collect::<Vec<_>>()).collect()
 }
 
-/// tokenizer.json in eeane (the `tokenizers` crate, BERT's ASCII way, special
+/// tokenizer.json in eeane (the `tokenizers` crate, BERT's short way, special
 /// tokens added by the frame found at load) against Python's `tokenizers` on
 /// the same file.
 #[test]

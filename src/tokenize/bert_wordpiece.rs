@@ -11,11 +11,15 @@
 //! calls are most of what remains. Unicode tables are the crate's own
 //! (unicode_categories, unicode-normalization-alignments), at its versions.
 //!
-//! A text holding an added token's string (`[CLS]`, `[MASK]`: the crate
-//! splits those out before normalizing) goes the crate's whole way. Tests
-//! hold the two ways to the same ids on real tokenizers, on texts built to
-//! hit every rule, on many scripts and on random Unicode.
+//! A text holding an added token's string (`[CLS]` as written, a token
+//! marked `normalized` in its normalized form: the crate splits those out)
+//! goes the crate's whole way; so does every text of a file with a
+//! normalized added token that normalizes to nothing (the crate's empty
+//! pattern then splits the text character by character). Tests hold the two
+//! ways to the same ids on real tokenizers, on texts built to hit every rule,
+//! on many scripts, on random Unicode, and with added tokens of every kind.
 
+use aho_corasick::AhoCorasick;
 use tokenizers::models::ModelWrapper;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
@@ -30,13 +34,16 @@ pub struct BertWordPiece {
     handle_chinese_chars: bool,
     strip_accents: bool,
     lowercase: bool,
-    /// Added tokens' strings as written and as normalized: a text holding
+    /// Added tokens' strings as written, and as normalized: a text holding
     /// one, or whose normalized form holds one, takes the crate's way.
-    added: Vec<(String, String)>,
+    added_raw: Option<AhoCorasick>,
+    added_normalized: Option<AhoCorasick>,
 }
 
 impl BertWordPiece {
     /// The short way, when `tokenizer` is BERT's pipeline and nothing else.
+    /// Padding and truncation are not looked at: HfTokenizer drops the
+    /// file's before asking.
     pub fn find(tokenizer: &Tokenizer) -> Option<Self> {
         let Some(NormalizerWrapper::BertNormalizer(normalizer)) = tokenizer.get_normalizer() else {
             return None;
@@ -53,22 +60,28 @@ impl BertWordPiece {
             // BertNormalizer strips accents when lowercasing unless told otherwise.
             strip_accents: normalizer.strip_accents.unwrap_or(normalizer.lowercase),
             lowercase: normalizer.lowercase,
-            added: Vec::new(),
+            added_raw: None,
+            added_normalized: None,
         };
-        way.added = tokenizer
-            .get_added_tokens_decoder()
-            .values()
-            .filter(|token| !token.content.is_empty())
-            .map(|token| (token.content.clone(), way.normalize(&token.content)))
-            .collect();
+        let added: Vec<tokenizers::AddedToken> = tokenizer.get_added_tokens_decoder().into_values().collect();
+        let normalized: Vec<(bool, String)> = added.iter().map(|token| (token.normalized, way.normalize(&token.content))).collect();
+        if normalized.iter().any(|(marked, form)| *marked && form.is_empty()) {
+            return None;
+        }
+        way.added_raw = matcher(added.iter().map(|token| token.content.as_str()));
+        // Every token's normalized form, marked or not: a superset of what the crate matches.
+        way.added_normalized = matcher(normalized.iter().map(|(_, form)| form.as_str()));
         Some(way)
     }
 
     /// `text`'s content ids, or `None` where the crate's whole way must take it.
     pub fn content(&self, text: &str, model: &ModelWrapper) -> Option<Result<Vec<u32>, TokenizeError>> {
+        let holds = |matcher: &Option<AhoCorasick>, text: &str| matcher.as_ref().is_some_and(|m| m.is_match(text));
+        if holds(&self.added_raw, text) {
+            return None;
+        }
         let normalized = self.normalize(text);
-        let holds = |(raw, norm): &(String, String)| text.contains(raw.as_str()) || (!norm.is_empty() && normalized.contains(norm.as_str()));
-        if self.added.iter().any(holds) {
+        if holds(&self.added_normalized, &normalized) {
             return None;
         }
         Some(words(&normalized, model))
@@ -80,7 +93,7 @@ impl BertWordPiece {
         let mut out = String::with_capacity(text.len() + 8);
         for c in text.chars() {
             let c = match self.clean_text {
-                true if c == '\0' || c == '\u{fffd}' || is_control(c) => continue,
+                true if c == '\u{fffd}' || is_control(c) => continue,
                 true if is_whitespace(c) => ' ',
                 _ => c,
             };
@@ -103,6 +116,12 @@ impl BertWordPiece {
         }
         out
     }
+}
+
+/// One matcher for the non-empty strings of `patterns`, if any.
+fn matcher<'p>(patterns: impl Iterator<Item = &'p str>) -> Option<AhoCorasick> {
+    let patterns: Vec<&str> = patterns.filter(|p| !p.is_empty()).collect();
+    (!patterns.is_empty()).then(|| AhoCorasick::new(patterns).expect("added tokens are short strings"))
 }
 
 /// BertPreTokenizer (whitespace removed, each punctuation character a word
@@ -142,8 +161,8 @@ fn is_whitespace(c: char) -> bool {
     matches!(c, '\t' | '\n' | '\r') || c.is_whitespace()
 }
 
-/// BertNormalizer's control characters: Unicode's "other" categories (Cc,
-/// Cf, Cn, Co, Cs) but tab, newline and carriage return.
+/// BertNormalizer's control characters: unicode_categories' "other" (Cc,
+/// Cf, Co) but tab, newline and carriage return.
 fn is_control(c: char) -> bool {
     match c {
         '\t' | '\n' | '\r' => false,
@@ -173,7 +192,18 @@ mod tests {
         tokenizer.encode_fast(text, false).unwrap().get_ids().to_vec()
     }
 
-    /// A BERT tokenizer.json: all-MiniLM-L6-v2's, prepared by `bash tests/run.sh`.
+    /// A BERT tokenizer.json in the repository: a 512-entry vocabulary
+    /// (tests/hub/fixtures/bert-bin-tiny), BERT's normalizer and
+    /// pre-tokenizer, uncased.
+    fn bert() -> Tokenizer {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/hub/fixtures/bert-bin-tiny/tokenizer.json");
+        let mut tokenizer = Tokenizer::from_file(path).unwrap();
+        tokenizer.with_padding(None);
+        tokenizer.with_truncation(None).unwrap();
+        tokenizer
+    }
+
+    /// all-MiniLM-L6-v2's tokenizer.json (a real vocabulary), prepared by `bash tests/run.sh`.
     fn minilm() -> Option<Tokenizer> {
         let home =
             std::env::var_os("EEANE_CACHE_DIR").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/eeane")))?;
@@ -186,10 +216,8 @@ mod tests {
 
     #[test]
     fn every_rule_gives_the_crates_ids() {
-        let Some(tokenizer) = minilm() else {
-            panic!("all-MiniLM-L6-v2's tokenizer.json is missing: run `bash tests/run.sh`");
-        };
-        let fast = BertWordPiece::find(&tokenizer).expect("MiniLM's tokenizer is BERT's pipeline");
+        let tokenizer = bert();
+        let fast = BertWordPiece::find(&tokenizer).expect("BERT's pipeline");
         let long_word = "x".repeat(101);
         let texts = [
             "",
@@ -210,11 +238,13 @@ mod tests {
         ];
         for text in texts {
             let got = fast.content(text, tokenizer.get_model());
-            if text.to_lowercase().contains("[cls]") || text.to_lowercase().contains("[mask]") {
-                assert!(got.is_none(), "{text:?} holds an added token: the crate's way");
+            if text.contains("[CLS]") {
+                assert!(got.is_none(), "{text:?} holds an added token as written: the crate's way");
                 continue;
             }
-            assert_eq!(got.expect("ASCII").unwrap(), crate_ids(&tokenizer, text), "{text:?}");
+            // "[mask]" goes the crate's way too: its normalized form is an added token's.
+            let Some(got) = got else { continue };
+            assert_eq!(got.unwrap(), crate_ids(&tokenizer, text), "{text:?}");
         }
         for text in ["café Ñandú İstanbul straße ﬁne", "中文字符和English混合", "Ελληνικά Кириллица", "a\u{200b}b\u{feff}c\u{fffd}d\u{e000}e"]
         {
@@ -224,9 +254,7 @@ mod tests {
 
     #[test]
     fn every_ascii_byte_in_every_position_gives_the_crates_ids() {
-        let Some(tokenizer) = minilm() else {
-            panic!("all-MiniLM-L6-v2's tokenizer.json is missing: run `bash tests/run.sh`");
-        };
+        let tokenizer = bert();
         let fast = BertWordPiece::find(&tokenizer).unwrap();
         for b in 0u8..0x80 {
             let c = b as char;
@@ -239,10 +267,55 @@ mod tests {
 
     #[test]
     fn a_pipeline_that_is_not_berts_is_not_taken() {
-        let Some(mut tokenizer) = minilm() else {
-            panic!("all-MiniLM-L6-v2's tokenizer.json is missing: run `bash tests/run.sh`");
-        };
+        use tokenizers::normalizers::{BertNormalizer, Lowercase, Sequence};
+        let mut tokenizer = bert();
         tokenizer.with_pre_tokenizer(Some(tokenizers::pre_tokenizers::whitespace::Whitespace {}));
+        assert!(BertWordPiece::find(&tokenizer).is_none(), "another pre-tokenizer");
+        let mut tokenizer = bert();
+        tokenizer.with_normalizer(Some(Sequence::new(vec![BertNormalizer::default().into(), Lowercase.into()])));
+        assert!(BertWordPiece::find(&tokenizer).is_none(), "a sequence of normalizers");
+        let mut tokenizer = bert();
+        tokenizer.with_normalizer(None::<BertNormalizer>);
+        assert!(BertWordPiece::find(&tokenizer).is_none(), "no normalizer");
+    }
+
+    /// Added tokens of every kind: marked normalized (the default for a
+    /// non-special token) or not, special, single-word, stripping spaces on
+    /// either side, with an accent, added after the normalizer was set.
+    #[test]
+    fn added_tokens_of_every_kind_give_the_crates_ids() {
+        use tokenizers::normalizers::BertNormalizer;
+        use tokenizers::AddedToken;
+        for lowercase in [true, false] {
+            let mut tokenizer = bert();
+            tokenizer.with_normalizer(Some(BertNormalizer::new(true, true, None, lowercase)));
+            tokenizer.add_tokens(&[
+                AddedToken::from("FOO", false),
+                AddedToken::from("Bär", false).single_word(true),
+                AddedToken::from("<x>", true),
+                AddedToken::from("lst", false).lstrip(true).rstrip(true),
+                AddedToken::from("raw", false).normalized(false),
+            ]);
+            let fast = BertWordPiece::find(&tokenizer).expect("BERT's pipeline");
+            let texts = ["foo bar", "FOO bar", "xFOOx", "bär Bär BAR bar", "a<x>b <X>", "a lst b", "alstb", "raw RAW Raw", "none of them here", "Ba\u{308}r"];
+            let randoms = random_texts(500, 13);
+            let mut taken = 0;
+            for text in texts.into_iter().chain(randoms.iter().map(String::as_str)) {
+                let Some(got) = fast.content(text, tokenizer.get_model()) else { continue };
+                taken += 1;
+                assert_eq!(got.unwrap(), crate_ids(&tokenizer, text), "lowercase {lowercase}: {text:?}");
+            }
+            assert!(taken > 400, "{taken} texts taken");
+            assert!(fast.content("a <x> b", tokenizer.get_model()).is_none(), "a special token as written");
+        }
+    }
+
+    /// A normalized added token that BertNormalizer deletes entirely (a
+    /// zero-width joiner) makes the crate split every text into characters.
+    #[test]
+    fn a_token_that_normalizes_to_nothing_keeps_the_crates_way() {
+        let mut tokenizer = bert();
+        tokenizer.add_tokens(&[tokenizers::AddedToken::from("\u{200d}", false)]);
         assert!(BertWordPiece::find(&tokenizer).is_none());
     }
 
@@ -302,9 +375,7 @@ mod tests {
     /// replacement character, emoji, fullwidth forms, Unicode's spaces.
     #[test]
     fn random_unicode_gives_the_crates_ids() {
-        let Some(tokenizer) = minilm() else {
-            panic!("all-MiniLM-L6-v2's tokenizer.json is missing: run `bash tests/run.sh`");
-        };
+        let tokenizer = bert();
         let fast = BertWordPiece::find(&tokenizer).unwrap();
         let mut taken = 0;
         for text in random_texts(20_000, 11) {
@@ -360,13 +431,12 @@ mod tests {
 
     /// Cased models, and files that switch a step off: each of the 24
     /// settings of BertNormalizer on random Unicode and this repository's
-    /// paragraphs.
+    /// paragraphs. (The file's added tokens are all marked not normalized,
+    /// so the normalizer set here does not change how they are matched.)
     #[test]
     fn every_normalizer_setting_gives_the_crates_ids() {
         use tokenizers::normalizers::BertNormalizer;
-        let Some(mut tokenizer) = minilm() else {
-            panic!("all-MiniLM-L6-v2's tokenizer.json is missing: run `bash tests/run.sh`");
-        };
+        let mut tokenizer = bert();
         let mut texts = random_texts(2_000, 12);
         texts.extend(paragraphs().into_iter().take(500));
         for setting in 0..24 {

@@ -62,4 +62,6 @@ with sync_playwright() as p:
     # The findings are out before the browser closes: a browser that hangs on
     # its way out is then told apart from a page that did not work.
     print(json.dumps({"operations": operations, "schemas": schemas, "status": status, "vectors": vectors, "answer": answer if not vectors else None, "foreign_requests": foreign}), flush=True)
+    # From here a hang is the browser's way out; the test's deadline ends it.
+    faulthandler.cancel_dump_traceback_later()
     browser.close()
