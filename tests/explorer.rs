@@ -101,7 +101,8 @@ fn run_explorer(python: &Path, url: &str, screenshot: &Path) -> Explorer {
     let stdout = std::fs::read_to_string(&stdout_path).unwrap();
     let stderr = std::fs::read_to_string(&stderr_path).unwrap();
     let findings = stdout.lines().filter_map(|line| serde_json::from_str::<Value>(line).ok()).find(|v| v.get("operations").is_some());
-    let report = format!("explorer.py ended {status:?} without its findings.\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let ending = if findings.is_some() { "after printing its findings" } else { "without its findings" };
+    let report = format!("explorer.py ended {status:?} {ending}.\nstdout:\n{stdout}\nstderr:\n{stderr}");
     match (status, findings) {
         (Some(status), Some(findings)) if status.success() => Explorer::Findings(findings),
         (None, Some(findings)) => {
