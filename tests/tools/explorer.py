@@ -27,7 +27,6 @@ faulthandler.dump_traceback_later(100, exit=True)
 with sync_playwright() as p:
     browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], timeout=60_000)
     page = browser.new_page(viewport={"width": 1400, "height": 2200})
-    page.set_default_timeout(30_000)
     foreign = []
     page.on("request", lambda r: urlparse(r.url).netloc != host and not r.url.startswith("data:") and foreign.append(r.url))
     page.goto(f"{url}/docs/")
