@@ -113,8 +113,9 @@ enum Command {
         #[arg(long)]
         rerank: bool,
         /// Instead: each model of --model (comma-separated) on full batches of
-        /// every one of its buckets, in process, as µs/text per bucket (the
-        /// buckets set the batches, so the corpus and client flags do not apply).
+        /// every one of its buckets, in process, one batch in flight per
+        /// session, as µs/text per bucket (the buckets set the batches, so the
+        /// corpus and client flags do not apply).
         #[arg(long, conflicts_with_all = ["texts", "seed", "corpus", "batch", "clients", "parallel", "rerank"])]
         buckets: bool,
         /// Also write the report as JSON here.

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::config::{Config, ModelConfig};
 use crate::model::{batch_policy, Inputs};
+use crate::sync::Recover;
 
 #[derive(Debug, Serialize)]
 pub struct BucketFigure {
@@ -40,22 +41,44 @@ fn full_batch(batch: usize, seq: usize) -> Inputs {
 pub async fn measure(model: &ModelConfig, server: &Config, min_seconds: f64) -> Result<ModelFigures, BenchError> {
     // In process, on a thread: the engine's own speed per bucket.
     let in_process = ModelConfig { isolation: Some(crate::config::Isolation::Thread), ..model.clone() };
-    let loaded = crate::variants::load_chosen(&in_process, server).await.map_err(|source| BenchError::Load { model: model.id.clone(), source })?;
+    let loaded = Arc::new(crate::variants::load_chosen(&in_process, server).await.map_err(|source| BenchError::Load { model: model.id.clone(), source })?);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    // One batch in flight per session (eight CUDA sessions of one card run
+    // eight at once), so that a figure is what the whole model does.
+    let sessions = loaded.stats().device_batches.locked().len().max(1);
     let mut buckets = Vec::new();
     for bucket in batch_policy(model).buckets {
         let (batch, seq) = (bucket.max_batch, bucket.max_tokens);
         let inputs = Arc::new(full_batch(batch, seq));
-        loaded.embed(inputs.clone(), None).await?; // warm-up
+        // Warm-up: every session runs the shape once.
+        let mut warm_up = tokio::task::JoinSet::new();
+        for _ in 0..sessions {
+            let (loaded, inputs) = (loaded.clone(), inputs.clone());
+            warm_up.spawn(async move { loaded.embed(inputs, None).await.map(|_| ()) });
+        }
+        while let Some(done) = warm_up.join_next().await {
+            done??;
+        }
         let started = Instant::now();
-        let mut runs = 0usize;
-        while runs < 3 || started.elapsed() < Duration::from_secs_f64(min_seconds) {
-            let out = loaded.embed(inputs.clone(), None).await?;
-            debug_assert_eq!(out.tokens, batch * seq);
-            runs += 1;
+        let mut loops = tokio::task::JoinSet::new();
+        for _ in 0..sessions {
+            let (loaded, inputs) = (loaded.clone(), inputs.clone());
+            loops.spawn(async move {
+                let mut runs = 0usize;
+                while runs < 3 || started.elapsed() < Duration::from_secs_f64(min_seconds) {
+                    let out = loaded.embed(inputs.clone(), None).await?;
+                    debug_assert_eq!(out.tokens, batch * seq);
+                    runs += 1;
+                }
+                Ok::<_, crate::model::ModelError>(runs)
+            });
+        }
+        let mut runs = 0;
+        while let Some(done) = loops.join_next().await {
+            runs += done??;
         }
         let us_per_text = started.elapsed().as_secs_f64() * 1e6 / (runs * batch) as f64;
-        eprintln!("  {} {batch:>3} x {seq:<4} {us_per_text:>9.0} us/text", model.id);
+        eprintln!("  {} {batch:>3} x {seq:<4} {us_per_text:>9.0} us/text ({sessions} at once)", model.id);
         buckets.push(BucketFigure { batch, seq, us_per_text, texts_per_s: 1e6 / us_per_text, core_us_per_text: us_per_text * cores });
     }
     let info = loaded.engine_info();
