@@ -32,10 +32,6 @@ import numpy as np
 
 GRAPH = "model.fp16.onnx"
 DATA = "model.fp16.onnx_data"
-# The graph's fused attention operators, comma-separated, in its metadata:
-# ONNX Runtime's CUDA kernels for each differ, and eeane's engine picks the
-# kernels a session may use by them (backends/onnxruntime).
-ATTENTION_KEY = "eeane_attention_operators"
 # Pooling the graph can end in (eeane's names).
 POOLINGS = ("mean", "cls", "last_token")
 
@@ -202,18 +198,6 @@ def fp32_nodes(path):
     return set(listed) | {n.name for n in model.graph.node if n.name.startswith("st_")}
 
 
-def mark_attention(model):
-    """Records `model`'s attention operators (ONNX Runtime's Attention,
-    MultiHeadAttention, GroupQueryAttention) under ATTENTION_KEY, keeping
-    its other metadata."""
-    from onnx import helper
-
-    operators = sorted({n.op_type for n in model.graph.node if n.op_type.endswith("Attention")})
-    props = {p.key: p.value for p in model.metadata_props}
-    props[ATTENTION_KEY] = ",".join(operators)
-    helper.set_model_props(model, props)
-
-
 def to_fp16(src, dst, keep, data_file):
     """`dst`: the graph at `src` with its float tensors in fp16, except the
     nodes named in `keep`, which compute in fp32 as they did; a Cast goes
@@ -296,7 +280,6 @@ def to_fp16(src, dst, keep, data_file):
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.value_info[:]
-    mark_attention(model)
     onnx.save_model(model, str(dst))
 
 

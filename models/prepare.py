@@ -411,9 +411,6 @@ def prepare_minilm_cuda(cache):
     # the optimizer's fp16 pass keeps the graph's inputs and outputs as they were.
     # Pooling (sums over up to 512 tokens, the L2 norm) stays in fp32.
     optimized.convert_float_to_float16(keep_io_types=True, op_block_list=["ReduceSum", "ReduceL2", "Div", "Mul", "Max", "Unsqueeze"])
-    import gpu_graph
-
-    gpu_graph.mark_attention(optimized.model)
     fp16 = out / "model.fp16.onnx.tmp"
     optimized.save_model_to_file(str(fp16))
     cosines16, max_abs16 = check_bert_onnx(fp16, weights, cfg, out / "tokenizer.json")

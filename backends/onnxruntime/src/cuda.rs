@@ -409,60 +409,6 @@ pub fn block_while_waiting(device: i32) {
     }
 }
 
-/// The key under which models/gpu_graph.py records a GPU graph's fused
-/// attention operators (comma-separated) in the ONNX file's metadata.
-const ATTENTION_KEY: &str = "eeane_attention_operators";
-
-/// An ONNX model's metadata entries, and nothing else of it: decoding skips
-/// the graph (field 7) without reading into it.
-#[derive(Clone, PartialEq, prost::Message)]
-struct ModelMetadata {
-    #[prost(message, repeated, tag = "14")]
-    metadata_props: Vec<MetadataEntry>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct MetadataEntry {
-    #[prost(string, tag = "1")]
-    key: String,
-    #[prost(string, tag = "2")]
-    value: String,
-}
-
-/// The fused attention operators the GPU graph at `path` records, empty
-/// for a graph that records none (one made before they were recorded, or
-/// not by eeane). Read before the session is built, since its provider
-/// options depend on them.
-pub fn attention_operators(path: &Path) -> Vec<String> {
-    let Ok(bytes) = std::fs::read(path) else { return Vec::new() };
-    let Ok(metadata) = <ModelMetadata as prost::Message>::decode(bytes.as_slice()) else { return Vec::new() };
-    metadata
-        .metadata_props
-        .into_iter()
-        .find(|e| e.key == ATTENTION_KEY)
-        .map(|e| e.value.split(',').filter(|o| !o.is_empty()).map(str::to_string).collect())
-        .unwrap_or_default()
-}
-
-/// The attention kernels a session may use, for a graph whose attention is
-/// `operators`; `None` leaves ONNX Runtime's own choice.
-///
-/// The BERT family's `Attention` operator, with its padding mask, runs on
-/// memory-efficient attention by default, and on an H100 that was the
-/// slower kernel for small batches: one text a request at 480 in flight
-/// did 44,757-48,314 texts/s without it against 37,098-38,516 with it, bulk
-/// the same (50,176 against 49,631-50,219; all-MiniLM-L6-v2 fp16, eight
-/// sessions, docs/performance.md). The others are ONNX Runtime's defaults
-/// (cuDNN's flash attention and the causal kernels are off by default).
-/// Decoders' GroupQueryAttention and MultiHeadAttention keep the default:
-/// not measured, and on a GPU older than Ampere GroupQueryAttention has no
-/// kernel but memory-efficient attention.
-pub fn attention_kernels(operators: &[String]) -> Option<ort::ep::cuda::AttentionBackend> {
-    use ort::ep::cuda::AttentionBackend as Kernel;
-    (operators == ["Attention"])
-        .then(|| Kernel::FLASH_ATTENTION | Kernel::TRT_FUSED_ATTENTION | Kernel::MATH | Kernel::TRT_FLASH_ATTENTION | Kernel::TRT_CROSS_ATTENTION)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -474,36 +420,6 @@ mod tests {
             .map(|(uuid, bus)| ListedDevice::identified("NVIDIA H200", uuid, format!("00000000:{bus}:00.0")))
             .chain([ListedDevice::identified("NVIDIA RTX A2000", "GPU-5555", "00000000:AB:00.0")])
             .collect()
-    }
-
-    #[test]
-    fn only_the_bert_attention_operator_leaves_memory_efficient_attention_out() {
-        let kernels = attention_kernels(&["Attention".to_string()]).expect("a choice for Attention");
-        assert_eq!(kernels.to_string(), (1 | 4 | 16 | 32 | 64).to_string(), "flash, TRT fused, math, TRT flash, TRT cross");
-        for others in
-            [vec![], vec!["GroupQueryAttention".to_string()], vec!["MultiHeadAttention".to_string()], vec!["Attention".into(), "MultiHeadAttention".into()]]
-        {
-            assert!(attention_kernels(&others).is_none(), "{others:?} keeps ONNX Runtime's choice");
-        }
-    }
-
-    #[test]
-    fn a_graphs_attention_operators_are_read_from_its_metadata() {
-        use prost::Message;
-        let dir = std::env::temp_dir().join(format!("eeane-attention-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("model.onnx");
-        let entry = |key: &str, value: &str| MetadataEntry { key: key.into(), value: value.into() };
-        let metadata = ModelMetadata { metadata_props: vec![entry("eeane_fp32_nodes", "st_pool"), entry(ATTENTION_KEY, "Attention")] };
-        // A graph field (7) before the metadata, as ONNX writes it: skipped.
-        let mut bytes = vec![0x3a, 3, 1, 2, 3];
-        bytes.extend(metadata.encode_to_vec());
-        std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(attention_operators(&path), ["Attention"]);
-        std::fs::write(&path, [0x3a, 3, 1, 2, 3]).unwrap();
-        assert!(attention_operators(&path).is_empty(), "no metadata, no operators");
-        assert!(attention_operators(&dir.join("absent.onnx")).is_empty());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -256,14 +256,12 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         // The arena grows by what a run asks for, not to the next power of
         // two: every shape is run at load, and doubling left each session
         // holding about three times the memory its largest shape needs.
-        let mut provider =
-            ort::ep::CUDA::default().with_device_id(*ordinal).with_tf32(false).with_arena_extend_strategy(ort::ep::ArenaExtendStrategy::SameAsRequested);
-        let attention = cuda::attention_operators(&spec.model_path);
-        if let Some(kernels) = cuda::attention_kernels(&attention) {
-            tracing::info!(operators = %attention.join(","), kernels = %kernels, "attention kernels chosen for the graph's attention operators");
-            provider = provider.with_attention_backend(kernels);
-        }
-        let provider = provider.build().error_on_failure();
+        let provider = ort::ep::CUDA::default()
+            .with_device_id(*ordinal)
+            .with_tf32(false)
+            .with_arena_extend_strategy(ort::ep::ArenaExtendStrategy::SameAsRequested)
+            .build()
+            .error_on_failure();
         builder = builder
             .with_execution_providers([provider])
             .map_err(|e| EngineError::Device(format!("the CUDA execution provider cannot start on device {ordinal}: {e}")))?;
