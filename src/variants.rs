@@ -45,9 +45,6 @@ const FASTER_BY: f64 = 1.05;
 
 const TIMING_ROUNDS: usize = 3;
 
-/// How long the survey waits for a variant's background warm-up.
-const WARM_WAIT: std::time::Duration = std::time::Duration::from_secs(180);
-
 /// Texts a GPU variant is timed on in the survey, one batch of them for its
 /// one session (`trial_config`), each near the model's window (up to
 /// `GPU_TIMING_TOKENS`).
@@ -954,7 +951,7 @@ impl Trial {
     /// variant.
     async fn warmed(&self) {
         if let Some(model) = self.model.as_ref().and_then(TrialModel::held) {
-            model.warmed(WARM_WAIT).await;
+            model.warmed().await;
         }
     }
 

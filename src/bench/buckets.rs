@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::config::{Config, ModelConfig};
-use crate::model::{batch_policy, Inputs};
+use crate::model::{batch_policy, Inputs, LoadedModel};
 use crate::sync::Recover;
 
 #[derive(Debug, Serialize)]
@@ -32,10 +32,6 @@ pub struct ModelFigures {
     pub buckets: Vec<BucketFigure>,
 }
 
-/// How long a measurement waits for a model's engines to finish running
-/// their batch shapes once (eight CUDA sessions took 27-30 s on an H100).
-pub(crate) const WARM_WAIT: Duration = Duration::from_secs(120);
-
 /// Sequences of exactly `seq` tokens: `seq - 2` content ids (the model adds its
 /// two special tokens). Dense compute does not depend on the ids' values.
 fn full_batch(batch: usize, seq: usize) -> Inputs {
@@ -50,42 +46,18 @@ pub async fn measure(model: &ModelConfig, server: &Config, min_seconds: f64) -> 
     // One batch in flight per session (eight CUDA sessions of one card run
     // eight at once), so that a figure is what the whole model does.
     let sessions = loaded.stats().device_batches.locked().len().max(1);
-    // A GPU engine runs its batch shapes once while idle after a load; a
-    // figure taken meanwhile shares the card with that (eight sessions of
-    // all-MiniLM-L6-v2 on an H100 measured 125 µs a text at every length
-    // while they warmed, against 21 µs in the server's bulk once warm).
-    loaded.warmed(WARM_WAIT).await;
+    // A GPU engine runs its batch shapes once while idle after a load (eight
+    // sessions of all-MiniLM-L6-v2 on an H100 measured 125 µs a text at every
+    // length meanwhile, against 21 µs in the server's bulk once warm).
+    loaded.warmed().await;
     let mut buckets = Vec::new();
     for bucket in batch_policy(model).buckets {
         let (batch, seq) = (bucket.max_batch, bucket.max_tokens);
         let inputs = Arc::new(full_batch(batch, seq));
         // Warm-up: every session runs the shape once.
-        let mut warm_up = tokio::task::JoinSet::new();
-        for _ in 0..sessions {
-            let (loaded, inputs) = (loaded.clone(), inputs.clone());
-            warm_up.spawn(async move { loaded.embed(inputs, None).await.map(|_| ()) });
-        }
-        while let Some(done) = warm_up.join_next().await {
-            done??;
-        }
+        on_every_session(&loaded, &inputs, batch * seq, sessions, 1, 0.0).await?;
         let started = Instant::now();
-        let mut loops = tokio::task::JoinSet::new();
-        for _ in 0..sessions {
-            let (loaded, inputs) = (loaded.clone(), inputs.clone());
-            loops.spawn(async move {
-                let mut runs = 0usize;
-                while runs < 3 || started.elapsed() < Duration::from_secs_f64(min_seconds) {
-                    let out = loaded.embed(inputs.clone(), None).await?;
-                    debug_assert_eq!(out.tokens, batch * seq);
-                    runs += 1;
-                }
-                Ok::<_, crate::model::ModelError>(runs)
-            });
-        }
-        let mut runs = 0;
-        while let Some(done) = loops.join_next().await {
-            runs += done??;
-        }
+        let runs = on_every_session(&loaded, &inputs, batch * seq, sessions, 3, min_seconds).await?;
         let us_per_text = started.elapsed().as_secs_f64() * 1e6 / (runs * batch) as f64;
         eprintln!("  {} {batch:>3} x {seq:<4} {us_per_text:>9.0} us/text ({sessions} at once)", model.id);
         buckets.push(BucketFigure { batch, seq, us_per_text, texts_per_s: 1e6 / us_per_text, core_us_per_text: us_per_text * cores });
@@ -99,6 +71,37 @@ pub async fn measure(model: &ModelConfig, server: &Config, min_seconds: f64) -> 
         load_ms: loaded.load_ms,
         buckets,
     })
+}
+
+/// Runs `inputs` (`tokens` in all) on `sessions` loops at once, each at
+/// least `runs` times and for at least `seconds`; returns the runs of all.
+async fn on_every_session(
+    loaded: &Arc<LoadedModel>,
+    inputs: &Arc<Inputs>,
+    tokens: usize,
+    sessions: usize,
+    runs: usize,
+    seconds: f64,
+) -> Result<usize, BenchError> {
+    let started = Instant::now();
+    let mut loops = tokio::task::JoinSet::new();
+    for _ in 0..sessions {
+        let (loaded, inputs) = (loaded.clone(), inputs.clone());
+        loops.spawn(async move {
+            let mut done = 0usize;
+            while done < runs || started.elapsed() < Duration::from_secs_f64(seconds) {
+                let out = loaded.embed(inputs.clone(), None).await?;
+                debug_assert_eq!(out.tokens, tokens);
+                done += 1;
+            }
+            Ok::<_, crate::model::ModelError>(done)
+        });
+    }
+    let mut total = 0;
+    while let Some(done) = loops.join_next().await {
+        total += done??;
+    }
+    Ok(total)
 }
 
 /// One row per bucket, one column group per model.

@@ -156,7 +156,7 @@ fn snapshot(model: &LoadedModel) -> (u64, u64, u64) {
 async fn in_process(label: &'static str, name: &'static str, config: &ModelConfig, server: &Config, texts: &[String]) -> Result<(Phase, usize), BenchError> {
     let config = ModelConfig { isolation: Some(crate::config::Isolation::Thread), ..config.clone() };
     let model = LoadedModel::load(&config, server).await?;
-    model.warmed(buckets::WARM_WAIT).await;
+    model.warmed().await;
     model.embed(Arc::new(Inputs::Texts(texts[..texts.len().min(64)].to_vec())), None).await?;
     let bar = progress(label, texts.len());
     let before = snapshot(&model);
