@@ -350,6 +350,7 @@ pub fn batch_policy(config: &ModelConfig) -> BatchPolicy {
         pad_to_multiple_of: config.pad_to_multiple_of.unwrap_or(0),
         pad_to_bucket: false,
         order: config.batch_order,
+        call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
     }
 }
 

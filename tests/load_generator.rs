@@ -58,6 +58,13 @@ fn the_load_generator_measures_bulk_and_one_text_a_request() {
         assert!(row["measured_span_s"].as_f64().unwrap() <= row["seconds"].as_f64().unwrap() + 0.5, "{row}");
         // The server's CPU by thread name: its HTTP workers' group among them.
         assert!(row["server_threads_cores"].get("tokio-rt-worker").is_some_and(Value::is_f64), "{row}");
+        // How the run was batched, from the model's /metrics around it: a
+        // bulk request of 3 texts or more fills batches of more than one row.
+        let rows_per_batch = row["rows_per_batch"].as_f64().unwrap_or_else(|| panic!("rows_per_batch missing: {row}"));
+        assert!(row["batches"].as_u64() > Some(0) && rows_per_batch >= 1.0 && row["tokens_per_batch"].as_f64() >= Some(rows_per_batch), "{row}");
+        if row["mode"] == "bulk" {
+            assert!(rows_per_batch > 1.0, "{row}");
+        }
     }
     // The server tokenized and answered every run: its CPU, counted in clock
     // ticks, is not zero over them all.

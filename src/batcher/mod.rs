@@ -522,6 +522,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
     if pipeline.policy.pad_to_multiple_of == 0 {
         pipeline.policy.pad_to_multiple_of = info.seq_multiple.max(1);
     }
+    pipeline.policy.call_cost_tokens = info.call_cost_tokens;
     let mut pool = Pool::default();
     let mut active: HashMap<u64, Active> = HashMap::new();
     let mut idle: Vec<usize> = (0..devices.len()).rev().collect();
@@ -730,6 +731,7 @@ mod tests {
             shapes: InputShapes::Dynamic,
             takes_token_type_ids: false,
             seq_multiple: 8,
+            call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
             accelerated_layers: None,
             runtime_version: None,
         })))
@@ -899,6 +901,7 @@ mod tests {
             pad_to_multiple_of: 0,
             pad_to_bucket: false,
             order: Order::Sorted,
+            call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
         };
         Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 }
     }

@@ -30,6 +30,9 @@ pub struct BatchPolicy {
     /// `InputShapes::Fixed`: Core ML's static ones).
     pub pad_to_bucket: bool,
     pub order: Order,
+    /// What one engine call costs beyond its tokens, in tokens (the worker
+    /// fills in the engine's `EngineInfo::call_cost_tokens`).
+    pub call_cost_tokens: usize,
 }
 
 impl BatchPolicy {
@@ -62,10 +65,6 @@ struct Window {
     lo: usize,
     hi: usize,
 }
-
-/// What one engine call costs beyond its tokens, in tokens. On the CPU a call
-/// costs little more than its tokens, so padding weighs more than batch size.
-const CALL_COST_TOKENS: usize = 128;
 
 /// A planned batch: `(job, index)` pairs and the length to pad them to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,7 +181,7 @@ impl Pool {
                 if rows > 1 && rows * seq > policy.max_batch_tokens {
                     break;
                 }
-                let cost = cheapest[hi - rows] + rows * seq + CALL_COST_TOKENS;
+                let cost = cheapest[hi - rows] + rows * seq + policy.call_cost_tokens;
                 if cost < cheapest[hi] {
                     (cheapest[hi], start[hi]) = (cost, hi - rows);
                 }
@@ -199,7 +198,7 @@ impl Pool {
             let longest = candidates[hi - 1].0;
             let seq = policy.dispatch_len(policy.bucket_of(longest), longest);
             let real: usize = candidates[lo..hi].iter().map(|c| c.0).sum();
-            let efficiency = real as f64 / ((hi - lo) * seq + CALL_COST_TOKENS) as f64;
+            let efficiency = real as f64 / ((hi - lo) * seq + policy.call_cost_tokens) as f64;
             let wanted = match at {
                 Some(at) => (lo..hi).contains(&at),
                 None => best.as_ref().is_none_or(|b| efficiency > b.efficiency),
@@ -372,6 +371,7 @@ mod tests {
         assert_eq!(wait.wait(0, now), None, "nothing queued: nothing to wait for");
     }
     use super::*;
+    use eeane_backend_core::CPU_CALL_COST_TOKENS;
 
     fn policy(buckets: &[(usize, usize)], order: Order) -> BatchPolicy {
         BatchPolicy {
@@ -380,6 +380,7 @@ mod tests {
             pad_to_multiple_of: 8,
             pad_to_bucket: false,
             order,
+            call_cost_tokens: CPU_CALL_COST_TOKENS,
         }
     }
 
@@ -405,6 +406,27 @@ mod tests {
         let mut batches: Vec<(Vec<usize>, usize)> = batches.into_iter().map(|b| (b.items.iter().map(|&(j, i)| len_of(j, i)).collect(), b.seq)).collect();
         batches.sort();
         batches
+    }
+
+    #[test]
+    fn a_costly_call_keeps_batches_whole_across_length_steps() {
+        // 256 texts of 1 to 256 tokens, lengths in steps of 16: at the CPU's
+        // 128 tokens a call, saving padding is worth a call at every step
+        // (16 calls); at a GPU's 1,024 they run in 6 fuller batches that pad
+        // about 10 % more.
+        let lens: Vec<usize> = (1..=256).collect();
+        let plan = |cost| {
+            let p = BatchPolicy { pad_to_multiple_of: 16, call_cost_tokens: cost, ..policy(&[(256, 256)], Order::Sorted) };
+            let mut pool = Pool::default();
+            pool.add(1, lens.clone(), Order::Sorted);
+            let batches = drain(&mut pool, &p);
+            let padded: usize = batches.iter().map(|b| b.items.len() * b.seq).sum();
+            (batches.len(), padded)
+        };
+        let (cpu_calls, cpu_padded) = plan(CPU_CALL_COST_TOKENS);
+        let (gpu_calls, gpu_padded) = plan(1024);
+        assert!(gpu_calls * 2 <= cpu_calls, "{gpu_calls} calls at 1,024 tokens a call, {cpu_calls} at 128");
+        assert!(gpu_padded > cpu_padded, "fewer calls pad more: {gpu_padded} against {cpu_padded} tokens");
     }
 
     #[test]

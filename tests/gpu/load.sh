@@ -86,19 +86,23 @@ run() {
     nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$work/gpu.txt" 2>/dev/null &
     gpu_pid=$!
   fi
+  # The model's batch counters around the run: how the requests were batched.
+  curl -s "$url/metrics" > "$work/metrics-before.txt" 2>/dev/null
   # bash's `time` gives wrk's own user and system seconds.
   { TIMEFORMAT='%U %S'; time wrk -t"$wrk_threads" -c"$connections" -d"${duration}s" --timeout 120s -s "$here/load.lua" "$url" -- "$bodies" "$wrk_threads" > "$work/wrk.txt"; } 2> "$work/wrk-time.txt"
   kill "$sampler" 2>/dev/null || true
   wait "$sampler" 2>/dev/null || true
   python3 "$here/cpu_snapshots.py" 0 "${LOAD_SERVER_PID:-}" >> "$work/cpu.jsonl"
   [ -z "$gpu_pid" ] || { kill "$gpu_pid"; wait "$gpu_pid" 2>/dev/null; }
+  curl -s "$url/metrics" > "$work/metrics-after.txt" 2>/dev/null
   line=$(grep '^LOAD ' "$work/wrk.txt")
   wrk_cpu=$(tail -n 1 "$work/wrk-time.txt")
-  python3 - "$mode" "$per" "$connections" "$wrk_threads" "$work/cpu.jsonl" "$work/gpu.txt" $wrk_cpu $line <<'PY'
+  python3 - "$mode" "$per" "$connections" "$wrk_threads" "$work/cpu.jsonl" "$work/gpu.txt" $wrk_cpu $line "$model" "$work" <<'PY'
 import json, os, sys
 mode, per, connections, wrk_threads, cpu_file, gpu_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 wrk_user, wrk_system = map(float, sys.argv[7:9])
 requests, duration_us, non2xx, socket, p50, p99 = map(int, sys.argv[10:16])
+model, work = sys.argv[16], sys.argv[17]
 seconds, hz = duration_us / 1e6, os.sysconf("SC_CLK_TCK")
 snapshots = [json.loads(l) for l in open(cpu_file) if l.strip()]
 after = snapshots[-1]
@@ -121,6 +125,26 @@ if "server" in after:
     parts = {name: (ticks - before["threads"].get(name, 0)) / hz / span for name, ticks in after["threads"].items()}
     parts["ended"] = row["server_cores"] - sum(parts.values())
     row["server_threads_cores"] = dict(sorted(parts.items(), key=lambda kv: -kv[1]))
+def counters(path):
+    """The model's batch counters in a /metrics text (absent: empty)."""
+    found = {}
+    try:
+        for line in open(path):
+            name, _, value = line.rpartition(" ")
+            if f'model="{model}"' in name and name.split("{")[0] in ("eeane_batch_rows_sum", "eeane_batch_rows_count", "eeane_batch_tokens_sum"):
+                found[name.split("{")[0]] = float(value)
+    except OSError:
+        pass
+    return found
+
+
+# Warm-up runs and the measured seconds alike: the run's batches as a whole.
+first, last = counters(f"{work}/metrics-before.txt"), counters(f"{work}/metrics-after.txt")
+batches = last.get("eeane_batch_rows_count", 0) - first.get("eeane_batch_rows_count", 0)
+if batches > 0:
+    row["batches"] = int(batches)
+    row["rows_per_batch"] = (last["eeane_batch_rows_sum"] - first.get("eeane_batch_rows_sum", 0)) / batches
+    row["tokens_per_batch"] = (last["eeane_batch_tokens_sum"] - first.get("eeane_batch_tokens_sum", 0)) / batches
 try:
     # nvidia-smi's samples ("2026/12/05 19:04:06.123, 66", a line a GPU)
     # whose time falls in wrk's seconds, on the wall clock of the last snapshot.
@@ -165,6 +189,8 @@ for r in rows:
         threads = ", ".join(f"{k} {v:.2f}" for k, v in r["server_threads_cores"].items() if v >= 0.005)
     if "gpu_busy_percent" in r:
         where.append(f"GPU busy {r['gpu_busy_percent']:.0f} %")
+    if "batches" in r:
+        where.append(f"{r['batches']} batches of {r['rows_per_batch']:.1f} rows, {r['tokens_per_batch']:.0f} tokens as run")
     print(f"{'':>32}  {', '.join(where)}")
     if "server_threads_cores" in r:
         print(f"{'':>32}  server threads (cores): {threads}")

@@ -77,6 +77,10 @@ pub enum InputShapes {
     NaturalLengths,
 }
 
+/// What one engine call costs beyond its tokens on a CPU, in tokens: little,
+/// so padding weighs more than batch size there.
+pub const CPU_CALL_COST_TOKENS: usize = 128;
+
 /// An engine's description of itself, reported in /health and logs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineInfo {
@@ -93,6 +97,10 @@ pub struct EngineInfo {
     /// GPUs, 1 where padding only costs); the batcher rounds up to it unless
     /// the model's config says otherwise.
     pub seq_multiple: usize,
+    /// What one call costs beyond its tokens, in tokens: the batcher's
+    /// planner weighs fewer, fuller batches against padding with it
+    /// (`CPU_CALL_COST_TOKENS` where a call costs little more than its tokens).
+    pub call_cost_tokens: usize,
     /// Layers placed on the accelerator, when the engine can tell (`accelerated`, `total`).
     pub accelerated_layers: Option<(usize, usize)>,
     /// Runtime library version, when known.

@@ -67,6 +67,7 @@ impl Backend for Testing {
             shapes: InputShapes::Dynamic,
             takes_token_type_ids: false,
             seq_multiple: 1,
+            call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
             accelerated_layers: None,
             runtime_version: None,
         };
