@@ -18,6 +18,13 @@ if [ -z "$wheel" ]; then
 fi
 unzip -q -j "$wheel" 'onnxruntime/capi/libonnxruntime.so.1.31.1' 'onnxruntime/capi/libonnxruntime_providers_cuda.so' \
   'onnxruntime/capi/libonnxruntime_providers_shared.so' -d .cuda/stage/ort
+# onnxruntime-gpu's Python package for tests/gpu/ort_kernels.sh (the engine
+# alone), less its two large libraries: the CUDA provider is linked there to
+# the bundle's, and the Python module does not load libonnxruntime.so.
+mkdir -p .cuda/ortpy .cuda/stage-py
+unzip -q "$wheel" 'onnxruntime/*' -x 'onnxruntime/capi/libonnxruntime_providers_cuda.so' 'onnxruntime/capi/libonnxruntime.so.1.31.1' -d .cuda/stage-py
+tar -C .cuda/stage-py -cf - onnxruntime | xz -T2 -6 > .cuda/ortpy/onnxruntime-python.tar.xz
+rm -rf .cuda/stage-py
 # The all-MiniLM-L6-v2 wheel (84 MB, a zip that xz cannot shrink) in parts
 # of its own, .cuda/w1 and .cuda/w2: a run of a Hub model alone needs none.
 mkdir -p .cuda/w1 .cuda/w2
@@ -38,4 +45,4 @@ for part in .cuda/part.*; do
 done
 (cd .cuda && sha256sum p*/part.* bundle.tar.xz > SHA256SUMS && cp SHA256SUMS "p$(ls -d p[0-9]* | wc -l)/")
 rm -rf .cuda/stage .cuda/bundle.tar.xz
-ls -la .cuda .cuda/p* .cuda/w*
+ls -la .cuda .cuda/p* .cuda/w* .cuda/ortpy
