@@ -353,7 +353,8 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// One load, real work, and an unload; returns (cold first answer, RSS loaded,
-/// RSS after unload). `target` is the RSS the unload should come back to.
+/// anonymous RSS after unload). `target` is the anonymous RSS the unload
+/// should come back to.
 fn load_use_unload(server: &Server, target: u64) -> (Duration, u64, u64) {
     let started = std::time::Instant::now();
     server.embed(json!("hello"), json!({}));
@@ -363,28 +364,39 @@ fn load_use_unload(server: &Server, target: u64) -> (Duration, u64, u64) {
     let loaded = rss_kib(server.pid());
     server.embed(json!("bye"), json!({"keep_alive": 0}));
     assert_eq!(state(server, FP32), "unloaded");
-    (cold, loaded, settled_rss_kib(server.pid(), target))
+    (cold, loaded, settled_anon_kib(server.pid(), target))
 }
 
-/// RSS once the engine thread has finished freeing: /health says "unloaded" as
-/// soon as the model is out of the registry, while the thread may still be
-/// dropping the session and trimming the heap, which takes longer when other
-/// tests load the cores. The least of samples over up to ten seconds, stopping
-/// once it is back within 5 % of `target`.
-fn settled_rss_kib(pid: u32, target: u64) -> u64 {
+/// What the server and its engine processes hold of their own (heap,
+/// stacks): RssAnon over the tree. File-backed pages are not counted: code
+/// of the binary and its libraries that a load runs for the first time stays
+/// mapped as page cache the kernel takes back at will, and a later load
+/// could add 3.3 MiB of it (RssFile 15.1 to 18.4 MiB at the fourth unload on
+/// the 2-core AMD EPYC, three runs of three, RssAnon within 0.8 MiB).
+fn anon_kib(pid: u32) -> u64 {
+    common::tree_status_kib(pid, "RssAnon:")
+}
+
+/// Anonymous RSS once the engine thread has finished freeing: /health says
+/// "unloaded" as soon as the model is out of the registry, while the thread
+/// may still be dropping the session and trimming the heap, which takes
+/// longer when other tests load the cores. The least of samples over up to
+/// ten seconds, stopping once it is back within 5 % of `target`.
+fn settled_anon_kib(pid: u32, target: u64) -> u64 {
     let started = std::time::Instant::now();
     let mut least = u64::MAX;
     let mut samples = Vec::new();
     while started.elapsed() < Duration::from_secs(10) {
         thread::sleep(Duration::from_millis(200));
-        let now = common::tree_status_kib(pid, "VmRSS:");
+        let now = anon_kib(pid);
         samples.push(now);
         least = least.min(now);
         if least as f64 <= target as f64 * 1.05 {
             break;
         }
     }
-    eprintln!("  settled RSS {least} KiB after {:.1} s (samples {samples:?})", started.elapsed().as_secs_f64());
+    eprintln!("  settled RssAnon {least} KiB after {:.1} s (samples {samples:?})", started.elapsed().as_secs_f64());
+    rss_kib(pid);
     least
 }
 
@@ -398,9 +410,9 @@ fn memory_is_given_back_after_an_unload() {
     thread::sleep(Duration::from_millis(500));
     let mib = |kib: u64| kib as f64 / 1024.0;
     let idle = rss_kib(server.pid());
-    let (cold, loaded, after_first) = load_use_unload(&server, idle);
+    let (cold, loaded, after_first) = load_use_unload(&server, anon_kib(server.pid()));
     println!(
-        "first load: cold on-demand load to first answer {:.0} ms; RSS idle before any load {:.1} MiB, loaded {:.1} MiB, after unload {:.1} MiB",
+        "first load: cold on-demand load to first answer {:.0} ms; RSS idle before any load {:.1} MiB, loaded {:.1} MiB; anonymous RSS after unload {:.1} MiB",
         cold.as_secs_f64() * 1e3,
         mib(idle),
         mib(loaded),
@@ -408,18 +420,21 @@ fn memory_is_given_back_after_an_unload() {
     );
     assert!(loaded > idle + 100 * 1024, "the loaded model should show in RSS: idle {idle} KiB, loaded {loaded} KiB");
     // The first load also pages in the runtime library's code and its one-time
-    // state; from then on every unload must return to the idle level.
+    // state; from then on every unload must give back what the load took: the
+    // anonymous memory may grow by at most a tenth of the whole RSS before it
+    // (a session kept would be about 370 MiB).
     for cycle in 2..=4 {
-        let before = rss_kib(server.pid());
+        let (rss, before) = (rss_kib(server.pid()), anon_kib(server.pid()));
         let (cold, loaded, after) = load_use_unload(&server, before);
         println!(
-            "load {cycle}: cold load to first answer {:.0} ms; RSS before load {:.1} MiB, loaded {:.1} MiB, after unload {:.1} MiB ({:+.1} %)",
+            "load {cycle}: cold load to first answer {:.0} ms; RSS before load {:.1} MiB, loaded {:.1} MiB; anonymous RSS before {:.1} MiB, after unload {:.1} MiB ({:+.1} MiB)",
             cold.as_secs_f64() * 1e3,
-            mib(before),
+            mib(rss),
             mib(loaded),
+            mib(before),
             mib(after),
-            (after as f64 / before as f64 - 1.0) * 100.0
+            mib(after) - mib(before)
         );
-        assert!(after as f64 <= before as f64 * 1.10, "unload {cycle} kept memory: before {before} KiB, after {after} KiB");
+        assert!(after <= before + rss / 10, "unload {cycle} kept memory: anonymous RSS before {before} KiB, after {after} KiB (RSS before {rss} KiB)");
     }
 }
