@@ -57,10 +57,25 @@ impl Server {
     /// As `start`, on a given port (where a test needs addresses that are the
     /// same every run).
     pub fn start_on_port(config: Option<&str>, env: &[(&str, &str)], port: u16) -> Server {
+        // A fixed port can be some client's ephemeral port for a moment (a
+        // fresh clone's CI once found 47308 taken as a replica started):
+        // try again for a few seconds before failing.
+        for _ in 0..10 {
+            match Self::try_launch(config, env, None, port) {
+                Ok(server) => return server,
+                Err(log) if log.contains("Address already in use") => std::thread::sleep(Duration::from_millis(500)),
+                Err(log) => panic!("eeane did not start listening; stderr:\n{log}"),
+            }
+        }
         Self::launch(config, env, None, port)
     }
 
     fn launch(config: Option<&str>, env: &[(&str, &str)], open_files: Option<u64>, port: u16) -> Server {
+        Self::try_launch(config, env, open_files, port).unwrap_or_else(|log| panic!("eeane did not start listening; stderr:\n{log}"))
+    }
+
+    /// Starts eeane; its stderr when it does not come to listen.
+    fn try_launch(config: Option<&str>, env: &[(&str, &str)], open_files: Option<u64>, port: u16) -> Result<Server, String> {
         minilm_dir();
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_eeane"));
@@ -94,11 +109,11 @@ impl Server {
             }
         });
         match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(url) => Server { child, url, dir },
+            Ok(url) => Ok(Server { child, url, dir }),
             Err(_) => {
                 let _ = child.kill();
-                let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default();
-                panic!("eeane did not start listening; stderr:\n{log}");
+                let _ = child.wait();
+                Err(std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default())
             }
         }
     }
