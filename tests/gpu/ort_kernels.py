@@ -54,7 +54,7 @@ encoded = [tok.encode(t).ids for t in texts]
 real_tokens = sum(len(e) for e in encoded)
 
 
-def rounded(ids, mask, step=32):
+def rounded(ids, mask, step):
     seq = -(-ids.shape[1] // step) * step
     pad = seq - ids.shape[1]
     return np.pad(ids, ((0, 0), (0, pad))), np.pad(mask, ((0, 0), (0, pad)))
@@ -151,10 +151,7 @@ def worker(s):
     # One thread a session for the whole run, as eeane's engine threads:
     # ONNX Runtime's CUDA provider keeps per-thread state (handles, plans).
     while True:
-        item = work.get()
-        if item is None:
-            return
-        s.run(None, feeds(*item))
+        s.run(None, feeds(*work.get()))
         work.task_done()
 
 
