@@ -34,10 +34,12 @@ cargo test --release --workspace --locked $features --no-run 2>&1 | tail -n 1
 # failure fails the run, after the tests have run too.
 gates=0
 if cargo fmt --all --check >/dev/null 2>&1; then echo "cargo fmt --check: clean"; else
-  cargo fmt --all --check 2>&1 | head -n 40; echo "cargo fmt --check: NOT clean (run cargo fmt --all)"; gates=1
+  # `|| true`: under pipefail the failing check would end the run here,
+  # before clippy, the tests and this line.
+  cargo fmt --all --check 2>&1 | head -n 40 || true; echo "cargo fmt --check: NOT clean (run cargo fmt --all)"; gates=1
 fi
 if lints=$(cargo clippy --release --workspace --all-targets --locked $features -q -- -D warnings 2>&1); then echo "cargo clippy -D warnings: clean"; else
-  echo "$lints" | head -n 60; echo "cargo clippy -D warnings: NOT clean"; gates=1
+  head -n 60 <<< "$lints"; echo "cargo clippy -D warnings: NOT clean"; gates=1
 fi
 for model in all-minilm-l6-v2-int8 e5-small-enpt e5-small-enpt-int8 e5-small-enpt-ov e5-small-enpt-int8-ov all-minilm-l6-v2-ncnn minilm-reranker; do
   target/release/eeane pull "$model" >/dev/null
