@@ -24,7 +24,7 @@ if bulk:
     start, end = bulk[0][0] - bulk[0][4] / 1e3, bulk[-1][0]
     busy = sum(r[4] for r in bulk) / 1e3
     texts = sum(r[3] for r in bulk)
-    print(f"bulk: {end - start:.2f} s, {texts} texts ({texts / (end - start):.0f}/s), session-seconds in run {busy:.2f}: {busy / (end - start):.2f} of 8 sessions busy")
+    print(f"bulk: {end - start:.2f} s, {texts} texts ({texts / (end - start):.0f}/s), session-seconds in run {busy:.2f}: {busy / (end - start):.2f} sessions inside a run on average")
     by = collections.defaultdict(list)
     for r in bulk:
         by[r[1]].append(r)
