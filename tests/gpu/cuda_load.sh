@@ -19,7 +19,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/eeane-cuda-out}
 root=/tmp/eeane-cuda
 # EEANE_BIN: another build to measure (an A/B in one call), its output
-# files named with LOAD_NAME; LOAD_WAIT_WARM=0 for a build that warms at load.
+# files named with LOAD_NAME; LOAD_WAIT_WARM=0 for a build that warms at load,
+# LOAD_WARM_SECONDS (120) the longest it waits for the shapes to warm.
 eeane=${EEANE_BIN:-$root/eeane}
 name=${LOAD_NAME:-}
 device=cuda:$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | awk '{print $2}')
@@ -97,7 +98,7 @@ for layout in "x8-thread|[$eight]|isolation = \"thread\"" "x4-thread|[$four]|iso
   curl -s -o /dev/null -w "%{http_code}" -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"cold\"}" localhost:7991/v1/embeddings > /dev/null
   echo "$tag$name: first answer after a cold start $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s" | tee -a "$OUT/load.txt"
   sessions=$(grep -o '"cuda' <<< "$devices" | wc -l)
-  for _ in $(seq 600); do [ "${LOAD_WAIT_WARM:-1}" = 0 ] || [ "$(grep -c 'every GPU batch shape has run once' "$OUT/load-$tag$name-server.log")" -ge "$sessions" ] && break; sleep 0.2; done
+  for _ in $(seq $((${LOAD_WARM_SECONDS:-120} * 5))); do [ "${LOAD_WAIT_WARM:-1}" = 0 ] || [ "$(grep -c 'every GPU batch shape has run once' "$OUT/load-$tag$name-server.log")" -ge "$sessions" ] && break; sleep 0.2; done
   echo "$tag$name: every shape warmed on all $sessions sessions $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s after the cold start" | tee -a "$OUT/load.txt"
   LOAD_SERVER_PID=$server LOAD_SECONDS=$seconds bash tests/gpu/load.sh http://127.0.0.1:7991 "minilm-$tag" "$root/texts.json" "$OUT/load-$tag$name.json" 2>&1 | tee -a "$OUT/load.txt"
   # The batches' rows, tokens and run time over the whole load (Prometheus histograms).
