@@ -42,6 +42,12 @@ impl BatchPolicy {
         self.buckets.iter().position(|b| len <= b.max_tokens).unwrap_or(self.buckets.len() - 1)
     }
 
+    /// Most rows a batch of `bucket` padded to `seq` holds: its batch size
+    /// within the token budget, and always one.
+    pub fn rows_at(&self, bucket: usize, seq: usize) -> usize {
+        self.buckets[bucket].max_batch.max(1).min((self.max_batch_tokens / seq.max(1)).max(1))
+    }
+
     /// The sequence length a batch whose longest row is `longest` runs at.
     pub fn dispatch_len(&self, bucket: usize, longest: usize) -> usize {
         let ceiling = self.buckets[bucket].max_tokens.max(longest);
@@ -218,7 +224,7 @@ impl Pool {
             // for the next ones).
             let mut rest = (0..n).filter(|&k| candidates[k].2 == job && !(best.lo..best.hi).contains(&k) && candidates[k].0 <= best.seq);
             let bucket = policy.bucket_of(candidates[best.hi - 1].0);
-            let room = policy.buckets[bucket].max_batch.max(1).min((policy.max_batch_tokens / best.seq.max(1)).max(1));
+            let room = policy.rows_at(bucket, best.seq);
             let others: Vec<usize> = (0..taken.len()).filter(|&place| candidates[taken[place]].2 != job).collect();
             taken.extend(rest.by_ref().take(room.saturating_sub(taken.len())));
             for (place, k) in others.into_iter().zip(rest) {
@@ -270,7 +276,7 @@ fn cheapest_runs(policy: &BatchPolicy, lengths: &[usize]) -> Vec<usize> {
         let longest = lengths[hi - 1];
         let bucket = policy.bucket_of(longest);
         let seq = policy.dispatch_len(bucket, longest);
-        let rows = policy.buckets[bucket].max_batch.max(1).min((policy.max_batch_tokens / seq.max(1)).max(1)).min(hi);
+        let rows = policy.rows_at(bucket, seq).min(hi);
         let first = hi - rows;
         // A new length or bucket: every start in reach, valued at the new seq.
         let fresh = shape != Some((bucket, seq));
