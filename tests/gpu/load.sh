@@ -131,7 +131,7 @@ def counters(path):
     try:
         for line in open(path):
             name, _, value = line.rpartition(" ")
-            if f'model="{model}"' in name and name.split("{")[0] in ("eeane_batch_rows_sum", "eeane_batch_rows_count", "eeane_batch_tokens_sum"):
+            if f'model="{model}"' in name and name.split("{")[0] in ("eeane_batch_rows_sum", "eeane_batch_rows_count", "eeane_batch_tokens_sum", "eeane_model_coalesced_total"):
                 found[name.split("{")[0]] = float(value)
     except OSError:
         pass
@@ -145,6 +145,10 @@ if batches > 0:
     row["batches"] = int(batches)
     row["rows_per_batch"] = (last["eeane_batch_rows_sum"] - first.get("eeane_batch_rows_sum", 0)) / batches
     row["tokens_per_batch"] = (last["eeane_batch_tokens_sum"] - first.get("eeane_batch_tokens_sum", 0)) / batches
+# Requests answered from an identical one in flight (coalesced): texts the
+# server did not compute, so a run that has any does not measure the engine.
+if "eeane_model_coalesced_total" in last:
+    row["coalesced"] = int(last["eeane_model_coalesced_total"] - first.get("eeane_model_coalesced_total", 0))
 try:
     # nvidia-smi's samples ("2026/12/05 19:04:06.123, 66", a line a GPU)
     # whose time falls in wrk's seconds, on the wall clock of the last snapshot.
@@ -191,6 +195,8 @@ for r in rows:
         where.append(f"GPU busy {r['gpu_busy_percent']:.0f} %")
     if "batches" in r:
         where.append(f"{r['batches']} batches of {r['rows_per_batch']:.1f} rows, {r['tokens_per_batch']:.0f} tokens as run")
+    if "coalesced" in r:
+        where.append(f"coalesced {r['coalesced']}")
     print(f"{'':>32}  {', '.join(where)}")
     if "server_threads_cores" in r:
         print(f"{'':>32}  server threads (cores): {threads}")
