@@ -45,6 +45,8 @@ fn the_load_generator_measures_bulk_and_one_text_a_request() {
     for row in &rows {
         assert!(row["texts_per_s"].as_f64().unwrap() > 0.0 && row["p50_ms"].as_f64() <= row["p99_ms"].as_f64(), "{row}");
         assert_eq!((row["not_2xx"].as_u64(), row["socket_errors"].as_u64()), (Some(0), Some(0)), "{row}");
+        // Every text of the run computed: no request answered from an identical one in flight.
+        assert_eq!(row["coalesced"].as_u64(), Some(0), "{row}");
         // No part of the CPU accounting is more than the machine has.
         let cores = row["cores"].as_f64().unwrap();
         for key in ["machine_busy_cores", "server_cores", "wrk_cores", "engine_process_cores", "server_cpu_us_per_text"] {

@@ -139,6 +139,7 @@ fn sigterm_under_overload_while_loading_exits_cleanly() {
             let mut wrk = std::process::Command::new("wrk")
                 .args(["-t2", "-c1024", "-d30s", "--timeout", "30s", "-s", concat!(env!("CARGO_MANIFEST_DIR"), "/tests/gpu/load.lua"), &server.url, "--"])
                 .arg(&bodies)
+                .arg("2")
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
