@@ -104,7 +104,7 @@ pub struct Pool {
     /// their clients sent the next ones, and a simulated card (eight sessions,
     /// 24 clients of 256 texts: tests/gpu/dispatcher_probe.patch) was busy
     /// 0.84-0.86 of the time at 49,800-50,900 sequences/s; with the sweep
-    /// 0.91-0.92 at 53,300-54,100, with the same padding.
+    /// 0.91-0.93 at 53,300-54,600, with the same padding.
     sweep: Option<SortKey>,
 }
 
