@@ -5,7 +5,8 @@
 #   1. pins: the card by name, by NVML UUID (a prefix), by PCI bus id, and
 #      every matching card (cuda:NAME*) serve the same vectors; a wrong UUID
 #      is refused naming the card that is there; /health lists UUID and bus id;
-#   2. per layout (8 and 4 sessions in process, 2 engine processes): the
+#   2. per layout (xN-thread: N sessions in the server's process; xN-process:
+#      N engine processes): the
 #      cold start's first answer, how long until every session has run every
 #      batch shape once (in the background, while idle), then
 #      tests/gpu/load.sh (bulk, and one text a request at 64, 256 and 480 in
@@ -13,8 +14,9 @@
 #   3. SIGTERM while 1,024 connections send one text a request as the model
 #      loads, five times per layout: each exit status.
 # Everything goes to $OUT. LOAD_STEPS ("pins load stop") and LOAD_LAYOUTS
-# ("x8-thread x4-thread x2-process") pick parts, so that each call of a
-# lent machine that may be taken back stays short.
+# ("x8-thread x4-thread x2-process"; a layout named twice runs twice, the
+# second's files suffixed "-again") pick parts, so that each call of a lent
+# machine that may be taken back stays short.
 set -uo pipefail
 OUT=${OUT:-/tmp/eeane-cuda-out}
 root=/tmp/eeane-cuda
@@ -85,11 +87,22 @@ kill -TERM $server; wait $server
 fi
 
 # 2. Per layout: cold start, the load generator, VRAM after an unload.
-eight=$(printf '"%s", ' $device $device $device $device $device $device $device $device | sed 's/, $//')
-four=$(printf '"%s", ' $device $device $device $device | sed 's/, $//')
-for layout in "x8-thread|[$eight]|isolation = \"thread\"" "x4-thread|[$four]|isolation = \"thread\"" "x2-process|[\"$device\", \"$device\"]|"; do
-  IFS='|' read -r tag devices extra <<< "$layout"
-  has "$steps" load && has "$layouts" "$tag" || continue
+sessions_on() {  # a device list of N entries of this card
+  printf '"%s", ' $(for _ in $(seq "$1"); do echo "$device"; done) | sed 's/, $//'
+}
+eight=$(sessions_on 8)
+base_name=$name
+seen=" "
+for tag in $layouts; do
+  has "$steps" load || break
+  case $tag in
+    x*-thread) n=${tag#x}; n=${n%-thread}; devices="[$(sessions_on "$n")]"; extra='isolation = "thread"' ;;
+    x*-process) n=${tag#x}; n=${n%-process}; devices="[$(sessions_on "$n")]"; extra="" ;;
+    *) echo "unknown layout $tag (xN-thread or xN-process)"; continue ;;
+  esac
+  name=$base_name
+  has "$seen" "$tag" && name=$base_name-again
+  seen="$seen$tag "
   { header 7991; entry "minilm-$tag" "$devices" "$extra"; } > "$root/load-$tag.toml"
   "$eeane" serve --config "$root/load-$tag.toml" > "$OUT/load-$tag$name-server.log" 2>&1 &
   server=$!
@@ -108,6 +121,7 @@ for layout in "x8-thread|[$eight]|isolation = \"thread\"" "x4-thread|[$four]|iso
   echo "$tag: VRAM after unload $(nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -n 1)" | tee -a "$OUT/load.txt"
   kill -TERM $server; wait $server
 done
+name=$base_name
 
 # 3. SIGTERM under overload while loading, five times per layout.
 python3 - "$root/texts.json" "$root/one.jsonl" <<'PY'
