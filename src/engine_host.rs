@@ -1,19 +1,26 @@
 //! Engines in child processes (`isolation = "process"`, the default).
 //!
-//! `eeane engine-host` loads one model's engine and runs the batches it reads
-//! on stdin, answering each with pooled vectors on stdout; end of input ends
-//! it. The server keeps one such process per loaded model and device, so an
-//! unload hands back everything the runtime allocated (in the server's own
-//! process, glibc's heap keeps fragments of every load: docs/lifecycle.md has
-//! the soak), and a crash inside a runtime fails only the batch it was running.
+//! `eeane engine-host` loads engines of one model and runs the batches it
+//! reads on stdin, answering each with pooled vectors on stdout; end of input
+//! ends it. The server keeps one such process per loaded model and device,
+//! except that a model's sessions on one GPU (its device list naming the card
+//! several times) share one process: sessions of separate processes on one
+//! card time-slice between CUDA contexts, where those of one process run side
+//! by side. So an unload hands back everything the runtime allocated (in the
+//! server's own process, glibc's heap keeps fragments of every load, and a
+//! CUDA context stays: docs/lifecycle.md), and a crash inside a runtime fails
+//! only the batches that process was running.
 //!
-//! Frames are a u32 little-endian length and a postcard body. Pooling and the
-//! non-finite check run in the child, so only `[batch, dim]` vectors cross the
-//! pipe, never token states.
+//! Frames are a u32 little-endian length and a postcard body, each addressed
+//! to one of the process's sessions. Pooling and the non-finite check run in
+//! the child, so only `[batch, dim]` vectors cross the pipe, never token states.
 
+use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use eeane_backend_core::{Engine, EngineError, EngineInfo, EngineSpec, TokenBatch};
@@ -22,8 +29,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Pooling;
 use crate::pooling::pool_output;
+use crate::sync::Recover;
 
-/// The first frame the server sends: what to load and how to pool its output.
+/// What a session loads, and how it pools its output.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HostedModel {
     /// The model's id, for messages.
@@ -36,14 +44,32 @@ pub struct HostedModel {
 
 type Answer<T> = Result<T, EngineError>;
 
-/// What the server asks of the child after the load: a batch, answered with
-/// its vectors, or the engine's idle work (`Engine::warm_next`), answered
-/// with whether more remains. The server writes `Order<&TokenBatch>`; the
-/// child reads `Order<TokenBatch>`: the same frame.
+/// What the server asks of one session of the child: to load (answered with
+/// the engine's info), a batch (its vectors), the engine's idle work
+/// (`Engine::warm_next`: whether more remains), or to unload. The server
+/// writes `Order<&TokenBatch>`; the child reads `Order<TokenBatch>`: the
+/// same frame.
 #[derive(Debug, Serialize, Deserialize)]
 enum Order<B> {
+    Load(Box<HostedModel>),
     Run(B),
     Warm,
+    Unload,
+}
+
+/// The child's answer to one order, in kind.
+#[derive(Debug, Serialize, Deserialize)]
+enum Reply {
+    Loaded(Answer<EngineInfo>),
+    Vectors(Answer<Vec<Vec<f32>>>),
+    Warmed(Answer<bool>),
+}
+
+/// A frame for, or from, session `session` of the process.
+#[derive(Debug, Serialize, Deserialize)]
+struct Addressed<T> {
+    session: u32,
+    body: T,
 }
 
 fn write_frame<T: Serialize>(out: &mut impl Write, value: &T) -> io::Result<()> {
@@ -63,7 +89,8 @@ fn read_frame<T: DeserializeOwned>(input: &mut impl Read, buf: &mut Vec<u8>) -> 
     postcard::from_bytes(buf).map_err(io::Error::other)
 }
 
-/// The child's side: `eeane engine-host`. Returns the exit status.
+/// The child's side: `eeane engine-host`. Returns the exit status. Each
+/// session runs on a thread of its own, fed by this one, which reads stdin.
 pub fn serve_stdio() -> u8 {
     // The server decides when this process ends (end of input); a terminal's
     // Ctrl-C or a service manager's SIGTERM to the whole group must not cut a
@@ -75,56 +102,126 @@ pub fn serve_stdio() -> u8 {
             libc::signal(signal, libc::SIG_IGN);
         }
     }
-    let (mut input, mut output) = match protocol_pipes() {
+    let (mut input, output) = match protocol_pipes() {
         Ok(pipes) => pipes,
         Err(e) => {
             eprintln!("eeane engine-host: {e}");
             return 2;
         }
     };
+    let output = Arc::new(Mutex::new(output));
+    // Loads of an engine that cannot load two at a time in one process wait for each other.
+    let serial_loads = Arc::new(Mutex::new(()));
+    let mut sessions: HashMap<u32, mpsc::Sender<Order<TokenBatch>>> = HashMap::new();
+    let mut threads = Vec::new();
     let mut buf = Vec::new();
-    let hosted: HostedModel = match read_frame(&mut input, &mut buf) {
-        Ok(hosted) => hosted,
-        Err(e) => {
-            eprintln!("eeane engine-host: no model to load on stdin ({e}); this command is started by `eeane serve`");
-            return 2;
+    let mut orders = 0u64;
+    loop {
+        let Addressed { session, body } = match read_frame::<Addressed<Order<TokenBatch>>>(&mut input, &mut buf) {
+            Ok(order) => order,
+            Err(e) if orders == 0 => {
+                eprintln!("eeane engine-host: no model to load on stdin ({e}); this command is started by `eeane serve`");
+                return 2;
+            }
+            Err(_) => break,
+        };
+        orders += 1;
+        match body {
+            Order::Load(hosted) => {
+                let (tx, rx) = mpsc::channel();
+                let (session_output, serial_loads) = (output.clone(), serial_loads.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(format!("session-{session}"))
+                    .spawn(move || run_session(session, &hosted, &rx, &session_output, &serial_loads));
+                match spawned {
+                    Ok(thread) => {
+                        sessions.insert(session, tx);
+                        threads.push(thread);
+                    }
+                    Err(e) => {
+                        let failed = Reply::Loaded(Err(EngineError::Runtime(format!("cannot start a session thread: {e}"))));
+                        if write_frame(&mut *output.locked(), &Addressed { session, body: failed }).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            Order::Unload => drop(sessions.remove(&session)),
+            order => {
+                // A session that failed to load has ended: its orders are
+                // answered here, in their kind, that it is not loaded.
+                let refused = match sessions.get(&session) {
+                    Some(tx) => tx.send(order).err().map(|unsent| unsent.0),
+                    None => Some(order),
+                };
+                if let Some(order) = refused {
+                    let why = EngineError::Runtime(format!("session {session} of this engine process is not loaded"));
+                    let body = match order {
+                        Order::Warm => Reply::Warmed(Err(why)),
+                        _ => Reply::Vectors(Err(why)),
+                    };
+                    if write_frame(&mut *output.locked(), &Addressed { session, body }).is_err() {
+                        break;
+                    }
+                }
+            }
         }
-    };
+    }
+    // End of input: every session drops its engine, then the runtime's
+    // process-wide state goes.
+    drop(sessions);
+    for thread in threads {
+        let _ = thread.join();
+    }
+    crate::engines::at_exit();
+    0
+}
+
+/// One session of the child: loads its engine, answers, then serves its
+/// orders until the server unloads it or input ends.
+fn run_session(
+    session: u32,
+    hosted: &HostedModel,
+    orders: &mpsc::Receiver<Order<TokenBatch>>,
+    output: &Mutex<BufWriter<std::fs::File>>,
+    serial_loads: &Mutex<()>,
+) {
+    let answer = |body: Reply| write_frame(&mut *output.locked(), &Addressed { session, body });
     let loaded = match crate::engines::find(&hosted.engine) {
-        Some(engine) => catch_unwind(AssertUnwindSafe(|| engine.load(&hosted.spec)))
-            .unwrap_or_else(|_| Err(EngineError::Runtime("the engine panicked while loading".into()))),
+        Some(engine) => {
+            let _one_at_a_time = (!engine.loads_in_parallel()).then(|| serial_loads.locked());
+            catch_unwind(AssertUnwindSafe(|| engine.load(&hosted.spec)))
+                .unwrap_or_else(|_| Err(EngineError::Runtime("the engine panicked while loading".into())))
+        }
         None => Err(EngineError::Runtime(format!("engine {:?} is not compiled into this build", hosted.engine))),
     };
     let mut engine: Box<dyn Engine> = match loaded {
         Ok(engine) => engine,
         Err(e) => {
-            let _ = write_frame(&mut output, &Answer::<EngineInfo>::Err(e));
-            return 0;
+            let _ = answer(Reply::Loaded(Err(e)));
+            return;
         }
     };
-    if write_frame(&mut output, &Answer::Ok(engine.info().clone())).is_ok() {
-        let who = format!("model {:?} ({} on {})", hosted.model, engine.info().engine, engine.info().device);
-        while let Ok(order) = read_frame::<Order<TokenBatch>>(&mut input, &mut buf) {
-            let written = match order {
-                Order::Run(batch) => {
-                    let result = catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, hosted.pooling, hosted.normalize, &who)))
-                        .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into())));
-                    write_frame(&mut output, &result)
-                }
-                Order::Warm => {
-                    let more = catch_unwind(AssertUnwindSafe(|| engine.warm_next()))
-                        .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked while warming".into())));
-                    write_frame(&mut output, &more)
-                }
-            };
-            if written.is_err() {
-                break;
-            }
+    if answer(Reply::Loaded(Ok(engine.info().clone()))).is_err() {
+        return;
+    }
+    let who = format!("model {:?} ({} on {})", hosted.model, engine.info().engine, engine.info().device);
+    while let Ok(order) = orders.recv() {
+        let reply = match order {
+            Order::Run(batch) => Reply::Vectors(
+                catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, hosted.pooling, hosted.normalize, &who)))
+                    .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into()))),
+            ),
+            Order::Warm => Reply::Warmed(
+                catch_unwind(AssertUnwindSafe(|| engine.warm_next()))
+                    .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked while warming".into()))),
+            ),
+            Order::Load(_) | Order::Unload => continue,
+        };
+        if answer(reply).is_err() {
+            break;
         }
     }
-    drop(engine);
-    crate::engines::at_exit();
-    0
 }
 
 /// stdin for frames, and a private copy of stdout for answers; fd 1 itself
@@ -149,30 +246,162 @@ fn protocol_pipes() -> io::Result<(BufReader<io::Stdin>, BufWriter<std::fs::File
     Err(io::Error::other("engine processes need a Unix platform; set isolation = \"thread\""))
 }
 
-/// A running `eeane engine-host` and its pipes.
-struct Process {
-    child: Child,
-    input: BufWriter<ChildStdin>,
-    output: BufReader<ChildStdout>,
+/// An `eeane engine-host` that one or more sessions of a model share. The
+/// first session to need it starts it; after it died, the first session to
+/// run a batch starts it again, and each session loads itself in the new one
+/// before its next batch.
+pub struct EngineProcess {
+    model: String,
+    state: Mutex<ProcessState>,
 }
 
-/// The server's side: an engine in a child process. A child that dies is
-/// started again (and its model loaded again) before the next batch.
+#[derive(Default)]
+struct ProcessState {
+    /// How many times a child was started: the live one's number.
+    generation: u64,
+    live: Option<Live>,
+}
+
+/// A running child and its pipes.
+struct Live {
+    child: Child,
+    input: BufWriter<ChildStdin>,
+    /// Where the reader thread sends each session's replies.
+    routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Reply>>>>,
+    /// Set by the reader thread once the child's output has ended.
+    ended: Arc<AtomicBool>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Live {
+    fn exited(&mut self) -> bool {
+        self.ended.load(Ordering::SeqCst) || self.child.try_wait().ok().flatten().is_some()
+    }
+
+    /// Ends the child: end of input, then up to `limit` for it to exit
+    /// (`None`: it was killed). The reader thread ends with its output.
+    fn end(mut self, limit: Duration) -> Option<ExitStatus> {
+        drop(self.input);
+        let status = exit_status(&mut self.child, limit);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        status
+    }
+}
+
+impl EngineProcess {
+    pub fn new(model: &str) -> Arc<Self> {
+        Arc::new(Self { model: model.to_string(), state: Mutex::new(ProcessState::default()) })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.state.locked().live.as_ref().map(|live| live.child.id())
+    }
+
+    /// Whether `generation` is the live child's and it still runs.
+    fn current(&self, generation: u64) -> bool {
+        let mut state = self.state.locked();
+        state.generation == generation && state.live.as_mut().is_some_and(|live| !live.exited())
+    }
+
+    /// Routes `session`'s replies to the returned receiver and asks the
+    /// child to load it, starting the child first when none runs: the
+    /// child's generation, the receiver, and whether this started a child
+    /// again after one had died.
+    fn attach(&self, session: u32, hosted: &HostedModel) -> Result<(u64, mpsc::Receiver<Reply>, bool), EngineError> {
+        let mut state = self.state.locked();
+        let restarted = state.live.as_mut().is_some_and(Live::exited);
+        if let Some(mut dead) = state.live.take_if(|_| restarted) {
+            let pid = dead.child.id();
+            let status = dead.child.try_wait().ok().flatten();
+            tracing::warn!(model = %self.model, pid, "the engine process had exited ({}); starting it again", status.map(describe).unwrap_or_else(|| "its output ended".into()));
+            dead.end(Duration::from_secs(2));
+        }
+        if state.live.is_none() {
+            state.live = Some(spawn()?);
+            state.generation += 1;
+        }
+        let generation = state.generation;
+        let live = state.live.as_mut().expect("started above");
+        let (tx, rx) = mpsc::channel();
+        live.routes.locked().insert(session, tx);
+        write_frame(&mut live.input, &Addressed { session, body: Order::<&TokenBatch>::Load(Box::new(hosted.clone())) })
+            .map_err(|e| EngineError::Runtime(format!("the engine process of model {:?} would not take the load ({e})", self.model)))?;
+        Ok((generation, rx, restarted))
+    }
+
+    /// Writes `order` for `session` to the child of `generation`.
+    fn send(&self, generation: u64, session: u32, order: &Order<&TokenBatch>) -> io::Result<()> {
+        let mut state = self.state.locked();
+        let state = &mut *state;
+        match state.live.as_mut() {
+            Some(live) if state.generation == generation => write_frame(&mut live.input, &Addressed { session, body: order }),
+            _ => Err(io::Error::new(io::ErrorKind::BrokenPipe, "the engine process was started again")),
+        }
+    }
+
+    /// Why the child of `generation` stopped answering, while `what` ran: its
+    /// pid and exit status (waiting up to 2 s for it, then killing it).
+    fn ended(&self, generation: u64, what: &str) -> String {
+        let mut state = self.state.locked();
+        let state = &mut *state;
+        let status = match state.live.as_mut() {
+            Some(live) if state.generation == generation => {
+                let pid = live.child.id();
+                let status = exit_status(&mut live.child, Duration::from_secs(2)).map(describe).unwrap_or_else(|| "still running, killed".into());
+                format!("pid {pid}, {status}")
+            }
+            _ => "started again since".into(),
+        };
+        format!("the engine process of model {:?} ended {what} ({status})", self.model)
+    }
+
+    fn forget(&self, generation: u64, session: u32) {
+        let mut state = self.state.locked();
+        if state.generation == generation {
+            if let Some(live) = state.live.as_mut() {
+                live.routes.locked().remove(&session);
+                let _ = write_frame(&mut live.input, &Addressed { session, body: Order::<&TokenBatch>::Unload });
+            }
+        }
+    }
+}
+
+impl Drop for EngineProcess {
+    /// End of input unloads the engines and ends the child; wait for it, so
+    /// that the model counts as unloaded only once its memory is back.
+    fn drop(&mut self) {
+        if let Some(live) = self.state.get_mut().unwrap_or_else(|e| e.into_inner()).live.take() {
+            let pid = live.child.id();
+            if live.end(Duration::from_secs(30)).is_none() {
+                tracing::warn!(model = %self.model, pid, "the engine process did not end within 30 s of its unload; killed");
+            }
+        }
+    }
+}
+
+/// The child's generation a session is loaded in, and the session's replies.
+type Attached = (u64, mpsc::Receiver<Reply>);
+
+/// The server's side: one session of a model in an engine process, which it
+/// may share with the model's other sessions on the same GPU.
 pub struct HostedEngine {
+    process: Arc<EngineProcess>,
+    session: u32,
     hosted: HostedModel,
-    process: Option<Process>,
     info: EngineInfo,
-    buf: Vec<u8>,
-    /// Times the child was started again after it died.
+    attached: Option<Attached>,
+    /// Times this session started the child again after it died.
     pub restarts: u64,
 }
 
 impl HostedEngine {
-    /// Starts the child and waits until its engine has loaded.
-    pub fn start(hosted: HostedModel) -> Result<Self, EngineError> {
-        let mut buf = Vec::new();
-        let (process, info) = spawn(&hosted, &mut buf)?;
-        Ok(Self { hosted, process: Some(process), info, buf, restarts: 0 })
+    /// Loads session `session` of `process` (starting the process if it
+    /// does not run yet) and waits until its engine has loaded.
+    pub fn start(hosted: HostedModel, process: Arc<EngineProcess>, session: u32) -> Result<Self, EngineError> {
+        let (info, attached, _) = load_session(&process, session, &hosted)?;
+        Ok(Self { process, session, hosted, info, attached: Some(attached), restarts: 0 })
     }
 
     pub fn info(&self) -> &EngineInfo {
@@ -180,71 +409,91 @@ impl HostedEngine {
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.process.as_ref().map(|p| p.child.id())
+        self.process.pid()
+    }
+
+    /// Loads this session again, in the live child (starting one when none runs).
+    fn reload(&mut self) -> Result<(), EngineError> {
+        self.attached = None;
+        let (_, attached, restarted) = load_session(&self.process, self.session, &self.hosted)?;
+        if restarted {
+            self.restarts += 1;
+            metrics::counter!("eeane_engine_restarts_total", "model" => self.hosted.model.clone()).increment(1);
+        }
+        self.attached = Some(attached);
+        Ok(())
+    }
+
+    /// Sends `order` and waits for its reply; `None` when the child ended first.
+    fn ask(&mut self, order: &Order<&TokenBatch>) -> Result<Reply, u64> {
+        let Some((generation, replies)) = &self.attached else { return Err(0) };
+        let generation = *generation;
+        if self.process.send(generation, self.session, order).is_err() {
+            self.attached = None;
+            return Err(generation);
+        }
+        replies.recv().map_err(|_| {
+            self.attached = None;
+            generation
+        })
     }
 
     /// The child's idle work (`Engine::warm_next`): whether more remains. A
     /// child that is gone is not started again for it.
     pub fn warm_next(&mut self) -> Result<bool, EngineError> {
-        let Some(process) = &mut self.process else { return Ok(false) };
-        write_frame(&mut process.input, &Order::<&TokenBatch>::Warm)
-            .and_then(|()| read_frame::<Answer<bool>>(&mut process.output, &mut self.buf))
-            .map_err(|e| EngineError::Inference(format!("the engine process of model {:?} did not answer while warming ({e})", self.hosted.model)))?
+        if !self.attached.as_ref().is_some_and(|(generation, _)| self.process.current(*generation)) {
+            return Ok(false);
+        }
+        match self.ask(&Order::Warm) {
+            Ok(Reply::Warmed(answer)) => answer,
+            Ok(_) => Err(EngineError::Inference(format!("the engine process of model {:?} answered out of turn while warming", self.hosted.model))),
+            Err(generation) => Err(EngineError::Inference(self.process.ended(generation, "while warming"))),
+        }
     }
 
     /// Runs one batch in the child: the pooled, checked (and normalized) vectors.
     pub fn run(&mut self, batch: &TokenBatch) -> Result<Vec<Vec<f32>>, EngineError> {
-        if let Some(status) = self.process.as_mut().and_then(|p| p.child.try_wait().ok().flatten()) {
-            tracing::warn!(model = %self.hosted.model, "the engine process had exited ({}); starting it again", describe(status));
-            self.process = None;
+        if !self.attached.as_ref().is_some_and(|(generation, _)| self.process.current(*generation)) {
+            self.reload()?;
         }
-        let process = match &mut self.process {
-            Some(process) => process,
-            None => {
-                let (process, _) = spawn(&self.hosted, &mut self.buf)?;
-                self.restarts += 1;
-                metrics::counter!("eeane_engine_restarts_total", "model" => self.hosted.model.clone()).increment(1);
-                self.process.insert(process)
-            }
-        };
-        let answer = write_frame(&mut process.input, &Order::Run(batch)).and_then(|()| read_frame::<Answer<Vec<Vec<f32>>>>(&mut process.output, &mut self.buf));
-        match (answer, self.process.take()) {
-            (Ok(answer), process) => {
-                self.process = process;
-                answer
-            }
-            (Err(_), None) => Err(EngineError::Inference(format!("the engine process of model {:?} is gone", self.hosted.model))),
-            (Err(e), Some(mut process)) => {
-                let pid = process.child.id();
-                let status = exit_status(&mut process.child, Duration::from_secs(2));
-                Err(EngineError::Inference(format!(
-                    "the engine process of model {:?} (pid {pid}) ended during the batch ({}{}); nothing is returned for it, \
-                     and the engine starts again with the model's next batch",
-                    self.hosted.model,
-                    status.map(describe).unwrap_or_else(|| "still running, killed".into()),
-                    pipe_detail(&e)
-                )))
-            }
+        match self.ask(&Order::Run(batch)) {
+            Ok(Reply::Vectors(answer)) => answer,
+            Ok(_) => Err(EngineError::Inference(format!("the engine process of model {:?} answered a batch out of turn", self.hosted.model))),
+            Err(generation) => Err(EngineError::Inference(format!(
+                "{}; nothing is returned for it, and the engine starts again with the model's next batch",
+                self.process.ended(generation, "during the batch")
+            ))),
         }
     }
 }
 
 impl Drop for HostedEngine {
-    /// End of input unloads the engine and ends the child; wait for it, so that
-    /// the model counts as unloaded only once its memory is back.
+    /// Unloads this session; the last session's `EngineProcess` ends the child.
     fn drop(&mut self) {
-        if let Some(Process { mut child, input, output }) = self.process.take() {
-            drop(input);
-            drop(output);
-            if exit_status(&mut child, Duration::from_secs(30)).is_none() {
-                tracing::warn!(model = %self.hosted.model, pid = child.id(), "the engine process did not end within 30 s of its unload; killed");
-            }
+        if let Some((generation, _)) = self.attached.take() {
+            self.process.forget(generation, self.session);
         }
     }
 }
 
-/// Starts `eeane engine-host` for `hosted` and waits for its engine to load.
-fn spawn(hosted: &HostedModel, buf: &mut Vec<u8>) -> Result<(Process, EngineInfo), EngineError> {
+/// Loads `session` in `process`'s live child: its engine's info, the
+/// child's generation with the session's replies, and whether the child was
+/// started again for it.
+fn load_session(process: &EngineProcess, session: u32, hosted: &HostedModel) -> Result<(EngineInfo, Attached, bool), EngineError> {
+    let (generation, replies, restarted) = process.attach(session, hosted)?;
+    match replies.recv() {
+        Ok(Reply::Loaded(Ok(info))) => Ok((info, (generation, replies), restarted)),
+        Ok(Reply::Loaded(Err(e))) => {
+            process.forget(generation, session);
+            Err(e)
+        }
+        Ok(_) => Err(EngineError::Runtime(format!("the engine process of model {:?} answered a load out of turn", hosted.model))),
+        Err(_) => Err(EngineError::Runtime(process.ended(generation, "while loading"))),
+    }
+}
+
+/// Starts `eeane engine-host`, and a thread that routes its replies.
+fn spawn() -> Result<Live, EngineError> {
     let started = |e: io::Error| EngineError::Runtime(format!("cannot start the engine process: {e}"));
     let mut command = Command::new(host_executable().map_err(started)?);
     #[cfg(unix)]
@@ -258,23 +507,27 @@ fn spawn(hosted: &HostedModel, buf: &mut Vec<u8>) -> Result<(Process, EngineInfo
         let _ = child.kill();
         return Err(started(io::Error::other("its stdin or stdout is not a pipe")));
     };
-    let mut process = Process { input: BufWriter::new(stdin), output: BufReader::new(stdout), child };
-    let answer = write_frame(&mut process.input, hosted).and_then(|()| read_frame::<Answer<EngineInfo>>(&mut process.output, buf));
-    match answer {
-        Ok(Ok(info)) => Ok((process, info)),
-        Ok(Err(e)) => {
-            drop(process.input);
-            let _ = exit_status(&mut process.child, Duration::from_secs(10));
-            Err(e)
+    let routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Reply>>>> = Arc::default();
+    let ended = Arc::new(AtomicBool::new(false));
+    let (thread_routes, thread_ended) = (routes.clone(), ended.clone());
+    let reader = std::thread::Builder::new().name("engine-replies".into()).spawn(move || {
+        let (mut output, mut buf) = (BufReader::new(stdout), Vec::new());
+        while let Ok(Addressed { session, body }) = read_frame::<Addressed<Reply>>(&mut output, &mut buf) {
+            if let Some(route) = thread_routes.locked().get(&session) {
+                let _ = route.send(body);
+            }
         }
+        // Ended before the routes close, so that a session woken by their
+        // closing finds the child ended.
+        thread_ended.store(true, Ordering::SeqCst);
+        thread_routes.locked().clear();
+    });
+    match reader {
+        Ok(reader) => Ok(Live { child, input: BufWriter::new(stdin), routes, ended, reader: Some(reader) }),
         Err(e) => {
-            let status = exit_status(&mut process.child, Duration::from_secs(2));
-            Err(EngineError::Runtime(format!(
-                "the engine process of model {:?} ended while loading ({}{})",
-                hosted.model,
-                status.map(describe).unwrap_or_else(|| "still running, killed".into()),
-                pipe_detail(&e)
-            )))
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(started(e))
         }
     }
 }
@@ -302,14 +555,6 @@ fn exit_status(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
                 return None;
             }
         }
-    }
-}
-
-/// A pipe error worth showing: not the plain end of input of a process that ended.
-fn pipe_detail(e: &io::Error) -> String {
-    match e.kind() {
-        io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe => String::new(),
-        _ => format!("; pipe: {e}"),
     }
 }
 
@@ -359,13 +604,14 @@ mod tests {
         let rows: Vec<i64> = vec![101, 7, 102];
         let batch = TokenBatch::from_rows(&[(rows.as_slice(), None)], 4, 0);
         let mut wire = Vec::new();
-        write_frame(&mut wire, &Order::Run(&batch)).unwrap();
-        write_frame(&mut wire, &Order::<&TokenBatch>::Warm).unwrap();
+        write_frame(&mut wire, &Addressed { session: 3, body: Order::Run(&batch) }).unwrap();
+        write_frame(&mut wire, &Addressed { session: 70_000, body: Order::<&TokenBatch>::Warm }).unwrap();
         let (mut reader, mut buf) = (wire.as_slice(), Vec::new());
-        match read_frame::<Order<TokenBatch>>(&mut reader, &mut buf).unwrap() {
-            Order::Run(back) => assert_eq!(back, batch),
-            Order::Warm => panic!("a batch read back as a warm order"),
+        match read_frame::<Addressed<Order<TokenBatch>>>(&mut reader, &mut buf).unwrap() {
+            Addressed { session: 3, body: Order::Run(back) } => assert_eq!(back, batch),
+            other => panic!("a batch for session 3 read back as {other:?}"),
         }
-        assert!(matches!(read_frame::<Order<TokenBatch>>(&mut reader, &mut buf).unwrap(), Order::Warm));
+        let warm = read_frame::<Addressed<Order<TokenBatch>>>(&mut reader, &mut buf).unwrap();
+        assert!(matches!(warm, Addressed { session: 70_000, body: Order::Warm }), "{warm:?}");
     }
 }

@@ -126,3 +126,84 @@ fn vulkan_devices_are_pinned_by_uuid_and_a_pattern_takes_every_one() {
     let rows: u64 = every["engine_calls"]["rows_per_device"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum();
     assert!(rows > texts.len() as u64, "{every}");
 }
+
+/// A model's sessions on one GPU, in `isolation = "process"`, share one
+/// engine process (sessions of separate processes time-slice a card between
+/// their contexts; those of one process run side by side): its two session
+/// threads serve the vectors of the model in the server. Killed, the process
+/// starts again once, and both sessions load in it; an unload ends it.
+#[test]
+fn sessions_on_one_gpu_share_one_engine_process() {
+    let dir = common::cache_dir().join("models/all-minilm-l6-v2-ncnn");
+    let shared = format!(
+        "[[models]]\nid = \"shared\"\nengine = \"ncnn\"\ndevice = [\"vulkan:llvmpipe\", \"vulkan:llvmpipe\"]\nisolation = \"process\"\nkeep_alive = -1\nmodel = \"{}\"\ntokenizer = \"{}\"\nmax_tokens = 256\n",
+        dir.join("model.ncnn.param").display(),
+        dir.join("tokenizer.json").display()
+    );
+    let server = Server::start(Some(&[shared, entry("in-server", "vulkan:llvmpipe")].concat()), &[]);
+    let texts = fixture_texts();
+    let (status, want) = server.post("/v1/embeddings", &json!({"model": "in-server", "input": texts}));
+    assert_eq!(status, 200, "{want}");
+    let sessions = |pid: u64| -> Vec<String> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+        let mut names: Vec<String> = tasks.iter().filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok()).map(|n| n.trim().to_string()).collect();
+        // A runtime's own threads inherit the name of the session thread that started them.
+        names.retain(|n| n.starts_with("session-"));
+        names.sort();
+        names.dedup();
+        names
+    };
+    let one_pid = |health: &serde_json::Value| -> u64 {
+        let pids: Vec<u64> =
+            health["engine_pids"].as_array().unwrap_or_else(|| panic!("no engine_pids: {health}")).iter().map(|p| p.as_u64().unwrap()).collect();
+        assert_eq!((pids.len(), pids.iter().all(|p| *p == pids[0])), (2, true), "two sessions, one process: {health}");
+        pids[0]
+    };
+    let (status, got) = server.post("/v1/embeddings", &json!({"model": "shared", "input": texts}));
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(common::vectors(&got), common::vectors(&want), "the shared process's vectors against the server's own");
+    let first = one_pid(&server.model_health("shared"));
+    assert!(common::descendants(server.pid()).contains(&(first as u32)), "the engine runs in a child of the server");
+    assert_eq!(sessions(first), ["session-0", "session-1"]);
+
+    assert!(std::process::Command::new("kill").arg("-KILL").arg(first.to_string()).status().unwrap().success());
+    while std::fs::read_to_string(format!("/proc/{first}/status")).is_ok_and(|s| !s.contains("State:\tZ")) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Enough requests at once that both sessions take batches again.
+    let url = server.url.clone();
+    let answers: Vec<_> = (0..6)
+        .map(|_| {
+            let (url, texts) = (url.clone(), texts.clone());
+            std::thread::spawn(move || {
+                let client = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(300)).build().unwrap();
+                let response = client.post(format!("{url}/v1/embeddings")).json(&json!({"model": "shared", "input": texts})).send().unwrap();
+                (response.status().as_u16(), response.json::<serde_json::Value>().unwrap())
+            })
+        })
+        .collect();
+    for answer in answers {
+        let (status, got) = answer.join().unwrap();
+        // A batch that met the dead process gets a 500 naming it; the others the same vectors.
+        if status == 200 {
+            assert_eq!(common::vectors(&got), common::vectors(&want));
+        } else {
+            assert!(status == 500 && got.to_string().contains("engine process"), "{status}: {got}");
+        }
+    }
+    let (status, got) = server.post("/v1/embeddings", &json!({"model": "shared", "input": texts}));
+    assert_eq!((status, common::vectors(&got)), (200, common::vectors(&want)), "after the restart");
+    let health = server.model_health("shared");
+    let second = one_pid(&health);
+    assert_ne!(first, second);
+    assert_eq!(health["engine_restarts"], 1, "one process started again, for both sessions: {health}");
+    assert_eq!(sessions(second), ["session-0", "session-1"], "both sessions loaded again");
+
+    let (status, _) = server.post("/v1/embeddings", &json!({"model": "shared", "input": "unload", "keep_alive": 0}));
+    assert_eq!(status, 200);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::path::Path::new(&format!("/proc/{second}")).exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!std::path::Path::new(&format!("/proc/{second}")).exists(), "the engine process outlived its model's unload");
+}

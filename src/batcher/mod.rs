@@ -21,7 +21,7 @@ pub use plan::{full_rows, pick_idle, worth_sharing, BatchPolicy, Bucket, FillWai
 
 use crate::config::Pooling;
 use crate::cpu_sets::CpuSet;
-use crate::engine_host::{HostedEngine, HostedModel};
+use crate::engine_host::{EngineProcess, HostedEngine, HostedModel};
 use crate::pooling::pool_output;
 use crate::tokenize::Encoded;
 
@@ -133,17 +133,15 @@ enum Runner {
 }
 
 impl Runner {
-    fn start(launch: &Launch, model: &str, spec: EngineSpec, pipeline: &Pipeline) -> Result<Self, EngineError> {
-        match launch {
-            Launch::Thread(engine) => engine.load(&spec).map(Runner::Thread),
-            Launch::Process { engine } => HostedEngine::start(HostedModel {
-                model: model.to_string(),
-                engine: engine.clone(),
-                spec,
-                pooling: pipeline.pooling,
-                normalize: pipeline.normalize,
-            })
-            .map(|hosted| Runner::Process(Box::new(hosted))),
+    /// `host`: for a launch in a process, the process and this engine's session in it.
+    fn start(launch: &Launch, host: Option<(Arc<EngineProcess>, u32)>, model: &str, spec: EngineSpec, pipeline: &Pipeline) -> Result<Self, EngineError> {
+        match (launch, host) {
+            (Launch::Thread(engine), _) => engine.load(&spec).map(Runner::Thread),
+            (Launch::Process { engine }, host) => {
+                let (process, session) = host.unwrap_or_else(|| (EngineProcess::new(model), 0));
+                let hosted = HostedModel { model: model.to_string(), engine: engine.clone(), spec, pooling: pipeline.pooling, normalize: pipeline.normalize };
+                HostedEngine::start(hosted, process, session).map(|hosted| Runner::Process(Box::new(hosted)))
+            }
         }
     }
 
@@ -223,6 +221,9 @@ struct EngineStart<'a> {
     /// Its place in the model's device list.
     position: usize,
     launch: Launch,
+    /// In a process: the process, shared by the model's sessions on one
+    /// GPU, and this engine's session in it.
+    host: Option<(Arc<EngineProcess>, u32)>,
     spec: EngineSpec,
     cpus: Option<CpuSet>,
 }
@@ -245,7 +246,7 @@ impl LoadingDevice {
 }
 
 fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sender<Event>, stats: Arc<WorkerStats>) -> Result<LoadingDevice, EngineError> {
-    let EngineStart { model: name, position, launch, spec, cpus } = engine;
+    let EngineStart { model: name, position, launch, host, spec, cpus } = engine;
     let (work, queue) = mpsc::channel::<Work>();
     let (ready_tx, ready_rx) = mpsc::channel();
     let (place, place_rx) = mpsc::channel::<usize>();
@@ -277,7 +278,7 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
                 }
             });
             let spec = EngineSpec { own_cpus_in_shared_process: pinned.is_some() && matches!(launch, Launch::Thread(_)), ..spec };
-            let mut engine = match Runner::start(&launch, &model, spec, &pipeline) {
+            let mut engine = match Runner::start(&launch, host, &model, spec, &pipeline) {
                 Ok(engine) => engine,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -387,7 +388,18 @@ impl EngineWorker {
                 // follows the mask rather than the machine.
                 let share = cpu_engines > 1 || (cpu_engines == 1 && crate::cpu_sets::restricted());
                 let mut cpu_sets = if share { crate::cpu_sets::split(&crate::cpu_sets::cores(), cpu_engines) } else { Vec::new() }.into_iter();
+                // In processes: a GPU's sessions share one (each CPU engine has
+                // its own, kept to its own cores).
+                let mut processes: HashMap<&DeviceName, (Arc<EngineProcess>, u32)> = HashMap::new();
                 for (position, device) in asked.iter().enumerate() {
+                    let host = matches!(launch, Launch::Process { .. }).then(|| {
+                        if device.is_cpu() {
+                            return (EngineProcess::new(&name), 0);
+                        }
+                        let (process, sessions) = processes.entry(device).or_insert_with(|| (EngineProcess::new(&name), 0));
+                        *sessions += 1;
+                        (process.clone(), *sessions - 1)
+                    });
                     let cpus = if device.is_cpu() { cpu_sets.next() } else { None };
                     // A share of the cores computes on as many threads as it has cores, unless the entry says.
                     let threads = match &cpus {
@@ -395,7 +407,7 @@ impl EngineWorker {
                         _ => spec.threads,
                     };
                     let spec = EngineSpec { device: device.clone(), threads, ..spec.clone() };
-                    let engine = EngineStart { model: &name, position, launch: launch.clone(), spec, cpus };
+                    let engine = EngineStart { model: &name, position, launch: launch.clone(), host, spec, cpus };
                     let started = start_device(engine, pipeline.clone(), thread_events.clone(), thread_stats.clone());
                     if parallel {
                         loading.push((device, started));
@@ -407,6 +419,9 @@ impl EngineWorker {
                         return;
                     }
                 }
+                // The sessions hold their processes from here: the last one
+                // unloaded ends its process.
+                drop(processes);
                 for (device, started) in loading {
                     let loaded = started.and_then(|d| d.ready(devices.len(), device));
                     if let Err(e) = take_device(&name, device, loaded, asked.len(), &mut devices, &mut skipped) {
