@@ -12,7 +12,8 @@
 #      tests/gpu/load.sh (bulk, and one text a request at 64, 256 and 480 in
 #      flight) and VRAM after an unload;
 #   3. SIGTERM while 1,024 connections send one text a request as the model
-#      loads, five times per layout: each exit status.
+#      loads, five times per layout (STOP_LAYOUTS, "x8-thread x4-process"):
+#      each exit status.
 # Everything goes to $OUT. LOAD_STEPS ("pins load stop") and LOAD_LAYOUTS
 # ("x8-thread x4-thread x2-process"; a layout named twice runs twice, the
 # second's files suffixed "-again") pick parts, so that each call of a lent
@@ -90,7 +91,6 @@ fi
 sessions_on() {  # a device list of N entries of this card
   printf '"%s", ' $(for _ in $(seq "$1"); do echo "$device"; done) | sed 's/, $//'
 }
-eight=$(sessions_on 8)
 base_name=$name
 seen=" "
 for tag in $layouts; do
@@ -130,8 +130,9 @@ texts = json.load(open(sys.argv[1]))
 open(sys.argv[2], "w").write("".join(json.dumps({"model": "m", "input": [t]}) + "\n" for t in texts))
 PY
 has "$steps" stop || exit 0
-for tag in x8-thread x2-process; do
-  { header 7991; entry "minilm-$tag" "$([ $tag = x8-thread ] && echo "[$eight]" || echo "[\"$device\", \"$device\"]")" "$([ $tag = x8-thread ] && echo 'isolation = "thread"')"; } > "$root/load-$tag.toml"
+for tag in ${STOP_LAYOUTS:-x8-thread x4-process}; do
+  n=${tag#x}; n=${n%-*}
+  { header 7991; entry "minilm-$tag" "[$(sessions_on "$n")]" "$([[ $tag == *-thread ]] && echo 'isolation = "thread"')"; } > "$root/load-$tag.toml"
   sed "s/id = \"minilm-$tag\"/id = \"m\"/" "$root/load-$tag.toml" > "$root/stop-$tag.toml"
   for attempt in 1 2 3 4 5; do
     "$eeane" serve --config "$root/stop-$tag.toml" > "$OUT/stop-$tag-$attempt.log" 2>&1 &
