@@ -69,8 +69,14 @@ for i in range(rounds):
         if state(churn_model) != "loaded":
             break
         time.sleep(0.05)
-    time.sleep(0.3)
-    steps.append({"round": i, "vram_peak_while_loaded_mib": peak[0], "vram_after_unload_mib": vram_mib()})
+    # The engine process ends after the state turns: VRAM until it is back
+    # at the floor (at most 10 s), and how long that took.
+    unloaded, after = time.time(), vram_mib()
+    while after > floor and time.time() - unloaded < 10:
+        time.sleep(0.05)
+        after = vram_mib()
+    steps.append({"round": i, "vram_peak_while_loaded_mib": peak[0], "vram_after_unload_mib": after,
+                  "seconds_to_floor": round(time.time() - unloaded, 2) if after <= floor else None})
 report["churn"] = {"model": churn_model, "rounds": rounds, "failed_requests": failures, "bit_identical_to_first": identical,
                    "vram_at_rest_mib": floor, "steps": steps,
                    "max_after_unload_over_rest_mib": max(s["vram_after_unload_mib"] - floor for s in steps)}
