@@ -19,7 +19,6 @@ use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -232,9 +231,11 @@ fn protocol_pipes() -> io::Result<(BufReader<io::Stdin>, BufWriter<std::fs::File
     {
         use std::os::fd::FromRawFd;
         // SAFETY: plain descriptor calls on this process's own fds 1 and 2; the
-        // duplicate is owned by the File alone.
+        // duplicate is owned by the File alone. Close-on-exec: a process a
+        // runtime starts must not hold the answers open, or the server would
+        // never see them end when this process dies.
         let answers = unsafe {
-            let fd = libc::dup(1);
+            let fd = libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 0);
             if fd < 0 || libc::dup2(2, 1) < 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -266,16 +267,21 @@ struct ProcessState {
 struct Live {
     child: Child,
     input: BufWriter<ChildStdin>,
-    /// Where the reader thread sends each session's replies.
-    routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Reply>>>>,
-    /// Set by the reader thread once the child's output has ended.
-    ended: Arc<AtomicBool>,
+    routes: Arc<Mutex<Routes>>,
     reader: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Where the reader thread sends each session's replies, until the child's
+/// output ends (`open` is then `None`), and why it ended when that was not
+/// the plain end of a process's output.
+struct Routes {
+    open: Option<HashMap<u32, mpsc::Sender<Reply>>>,
+    broken: Option<String>,
 }
 
 impl Live {
     fn exited(&mut self) -> bool {
-        self.ended.load(Ordering::SeqCst) || self.child.try_wait().ok().flatten().is_some()
+        self.routes.locked().open.is_none() || self.child.try_wait().ok().flatten().is_some()
     }
 
     /// Ends the child: end of input, then up to `limit` for it to exit
@@ -309,26 +315,44 @@ impl EngineProcess {
     /// child to load it, starting the child first when none runs: the
     /// child's generation, the receiver, and whether this started a child
     /// again after one had died.
-    fn attach(&self, session: u32, hosted: &HostedModel) -> Result<(u64, mpsc::Receiver<Reply>, bool), EngineError> {
+    fn attach(&self, session: u32, hosted: &HostedModel) -> (Result<(u64, mpsc::Receiver<Reply>), EngineError>, bool) {
         let mut state = self.state.locked();
-        let restarted = state.live.as_mut().is_some_and(Live::exited);
-        if let Some(mut dead) = state.live.take_if(|_| restarted) {
-            let pid = dead.child.id();
-            let status = dead.child.try_wait().ok().flatten();
-            tracing::warn!(model = %self.model, pid, "the engine process had exited ({}); starting it again", status.map(describe).unwrap_or_else(|| "its output ended".into()));
-            dead.end(Duration::from_secs(2));
+        let (mut restarted, mut dead) = (false, Vec::new());
+        // Twice at most: the child's output may end between the check and the route.
+        let attached = loop {
+            if let Some(mut gone) = state.live.take_if(|live| live.exited()) {
+                let status = gone.child.try_wait().ok().flatten().map(describe).unwrap_or_else(|| "its output ended".into());
+                tracing::warn!(model = %self.model, pid = gone.child.id(), "the engine process had exited ({status}); starting it again");
+                dead.push(gone);
+                restarted = true;
+            }
+            if state.live.is_none() {
+                match spawn() {
+                    Ok(live) => state.live = Some(live),
+                    Err(e) => break Err(e),
+                }
+                state.generation += 1;
+            }
+            let generation = state.generation;
+            let live = state.live.as_mut().expect("started above");
+            let (tx, rx) = mpsc::channel();
+            let routed = live.routes.locked().open.as_mut().map(|routes| routes.insert(session, tx)).is_some();
+            if !routed && dead.len() < 2 {
+                continue;
+            } else if !routed {
+                break Err(EngineError::Runtime(format!("the engine process of model {:?} ended as it started, twice", self.model)));
+            }
+            let load = Addressed { session, body: Order::<&TokenBatch>::Load(Box::new(hosted.clone())) };
+            break write_frame(&mut live.input, &load)
+                .map(|()| (generation, rx))
+                .map_err(|e| EngineError::Runtime(format!("the engine process of model {:?} would not take the load ({e})", self.model)));
+        };
+        drop(state);
+        // Reaped outside the lock, so that the other sessions go on meanwhile.
+        for gone in dead {
+            gone.end(Duration::from_secs(2));
         }
-        if state.live.is_none() {
-            state.live = Some(spawn()?);
-            state.generation += 1;
-        }
-        let generation = state.generation;
-        let live = state.live.as_mut().expect("started above");
-        let (tx, rx) = mpsc::channel();
-        live.routes.locked().insert(session, tx);
-        write_frame(&mut live.input, &Addressed { session, body: Order::<&TokenBatch>::Load(Box::new(hosted.clone())) })
-            .map_err(|e| EngineError::Runtime(format!("the engine process of model {:?} would not take the load ({e})", self.model)))?;
-        Ok((generation, rx, restarted))
+        (attached, restarted)
     }
 
     /// Writes `order` for `session` to the child of `generation`.
@@ -350,7 +374,10 @@ impl EngineProcess {
             Some(live) if state.generation == generation => {
                 let pid = live.child.id();
                 let status = exit_status(&mut live.child, Duration::from_secs(2)).map(describe).unwrap_or_else(|| "still running, killed".into());
-                format!("pid {pid}, {status}")
+                match live.routes.locked().broken.as_deref() {
+                    Some(broken) => format!("pid {pid}, {status}; its answers: {broken}"),
+                    None => format!("pid {pid}, {status}"),
+                }
             }
             _ => "started again since".into(),
         };
@@ -361,7 +388,9 @@ impl EngineProcess {
         let mut state = self.state.locked();
         if state.generation == generation {
             if let Some(live) = state.live.as_mut() {
-                live.routes.locked().remove(&session);
+                if let Some(routes) = live.routes.locked().open.as_mut() {
+                    routes.remove(&session);
+                }
                 let _ = write_frame(&mut live.input, &Addressed { session, body: Order::<&TokenBatch>::Unload });
             }
         }
@@ -400,8 +429,10 @@ impl HostedEngine {
     /// Loads session `session` of `process` (starting the process if it
     /// does not run yet) and waits until its engine has loaded.
     pub fn start(hosted: HostedModel, process: Arc<EngineProcess>, session: u32) -> Result<Self, EngineError> {
-        let (info, attached, _) = load_session(&process, session, &hosted)?;
-        Ok(Self { process, session, hosted, info, attached: Some(attached), restarts: 0 })
+        let (loaded, restarted) = load_session(&process, session, &hosted);
+        let restarts = count_restart(restarted, &hosted.model);
+        let (info, attached) = loaded?;
+        Ok(Self { process, session, hosted, info, attached: Some(attached), restarts })
     }
 
     pub fn info(&self) -> &EngineInfo {
@@ -415,12 +446,9 @@ impl HostedEngine {
     /// Loads this session again, in the live child (starting one when none runs).
     fn reload(&mut self) -> Result<(), EngineError> {
         self.attached = None;
-        let (_, attached, restarted) = load_session(&self.process, self.session, &self.hosted)?;
-        if restarted {
-            self.restarts += 1;
-            metrics::counter!("eeane_engine_restarts_total", "model" => self.hosted.model.clone()).increment(1);
-        }
-        self.attached = Some(attached);
+        let (loaded, restarted) = load_session(&self.process, self.session, &self.hosted);
+        self.restarts += count_restart(restarted, &self.hosted.model);
+        self.attached = Some(loaded?.1);
         Ok(())
     }
 
@@ -476,20 +504,29 @@ impl Drop for HostedEngine {
     }
 }
 
-/// Loads `session` in `process`'s live child: its engine's info, the
-/// child's generation with the session's replies, and whether the child was
-/// started again for it.
-fn load_session(process: &EngineProcess, session: u32, hosted: &HostedModel) -> Result<(EngineInfo, Attached, bool), EngineError> {
-    let (generation, replies, restarted) = process.attach(session, hosted)?;
-    match replies.recv() {
-        Ok(Reply::Loaded(Ok(info))) => Ok((info, (generation, replies), restarted)),
+/// Loads `session` in `process`'s live child: its engine's info with the
+/// child's generation and the session's replies; and whether the child was
+/// started again for it, whether or not the load then succeeded.
+fn load_session(process: &EngineProcess, session: u32, hosted: &HostedModel) -> (Result<(EngineInfo, Attached), EngineError>, bool) {
+    let (attached, restarted) = process.attach(session, hosted);
+    let loaded = attached.and_then(|(generation, replies)| match replies.recv() {
+        Ok(Reply::Loaded(Ok(info))) => Ok((info, (generation, replies))),
         Ok(Reply::Loaded(Err(e))) => {
             process.forget(generation, session);
             Err(e)
         }
         Ok(_) => Err(EngineError::Runtime(format!("the engine process of model {:?} answered a load out of turn", hosted.model))),
         Err(_) => Err(EngineError::Runtime(process.ended(generation, "while loading"))),
+    });
+    (loaded, restarted)
+}
+
+/// One restart counted (for /health and the metric) when `restarted`.
+fn count_restart(restarted: bool, model: &str) -> u64 {
+    if restarted {
+        metrics::counter!("eeane_engine_restarts_total", "model" => model.to_string()).increment(1);
     }
+    u64::from(restarted)
 }
 
 /// Starts `eeane engine-host`, and a thread that routes its replies.
@@ -507,23 +544,29 @@ fn spawn() -> Result<Live, EngineError> {
         let _ = child.kill();
         return Err(started(io::Error::other("its stdin or stdout is not a pipe")));
     };
-    let routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Reply>>>> = Arc::default();
-    let ended = Arc::new(AtomicBool::new(false));
-    let (thread_routes, thread_ended) = (routes.clone(), ended.clone());
+    let routes = Arc::new(Mutex::new(Routes { open: Some(HashMap::new()), broken: None }));
+    let thread_routes = routes.clone();
     let reader = std::thread::Builder::new().name("engine-replies".into()).spawn(move || {
         let (mut output, mut buf) = (BufReader::new(stdout), Vec::new());
-        while let Ok(Addressed { session, body }) = read_frame::<Addressed<Reply>>(&mut output, &mut buf) {
-            if let Some(route) = thread_routes.locked().get(&session) {
-                let _ = route.send(body);
+        let ended = loop {
+            match read_frame::<Addressed<Reply>>(&mut output, &mut buf) {
+                Ok(Addressed { session, body }) => {
+                    if let Some(route) = thread_routes.locked().open.as_ref().and_then(|routes| routes.get(&session)) {
+                        let _ = route.send(body);
+                    }
+                }
+                Err(e) => break e,
             }
+        };
+        // Closing the routes wakes every waiting session; each then finds the child ended.
+        let mut routes = thread_routes.locked();
+        routes.open = None;
+        if !matches!(ended.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe) {
+            routes.broken = Some(ended.to_string());
         }
-        // Ended before the routes close, so that a session woken by their
-        // closing finds the child ended.
-        thread_ended.store(true, Ordering::SeqCst);
-        thread_routes.locked().clear();
     });
     match reader {
-        Ok(reader) => Ok(Live { child, input: BufWriter::new(stdin), routes, ended, reader: Some(reader) }),
+        Ok(reader) => Ok(Live { child, input: BufWriter::new(stdin), routes, reader: Some(reader) }),
         Err(e) => {
             let _ = child.kill();
             let _ = child.wait();
