@@ -170,25 +170,32 @@ fn sessions_on_one_gpu_share_one_engine_process() {
     while std::fs::read_to_string(format!("/proc/{first}/status")).is_ok_and(|s| !s.contains("State:\tZ")) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    // Enough requests at once that both sessions take batches again.
+    // Bursts of requests at once until both sessions have taken a batch again:
+    // a session loads itself in the new process at its next batch.
     let url = server.url.clone();
-    let answers: Vec<_> = (0..6)
-        .map(|_| {
-            let (url, texts) = (url.clone(), texts.clone());
-            std::thread::spawn(move || {
-                let client = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(300)).build().unwrap();
-                let response = client.post(format!("{url}/v1/embeddings")).json(&json!({"model": "shared", "input": texts})).send().unwrap();
-                (response.status().as_u16(), response.json::<serde_json::Value>().unwrap())
+    for _ in 0..10 {
+        let answers: Vec<_> = (0..6)
+            .map(|_| {
+                let (url, texts) = (url.clone(), texts.clone());
+                std::thread::spawn(move || {
+                    let client = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(300)).build().unwrap();
+                    let response = client.post(format!("{url}/v1/embeddings")).json(&json!({"model": "shared", "input": texts})).send().unwrap();
+                    (response.status().as_u16(), response.json::<serde_json::Value>().unwrap())
+                })
             })
-        })
-        .collect();
-    for answer in answers {
-        let (status, got) = answer.join().unwrap();
-        // A batch that met the dead process gets a 500 naming it; the others the same vectors.
-        if status == 200 {
-            assert_eq!(common::vectors(&got), common::vectors(&want));
-        } else {
-            assert!(status == 500 && got.to_string().contains("engine process"), "{status}: {got}");
+            .collect();
+        for answer in answers {
+            let (status, got) = answer.join().unwrap();
+            // A batch that met the dead process gets a 500 naming it; the others the same vectors.
+            if status == 200 {
+                assert_eq!(common::vectors(&got), common::vectors(&want));
+            } else {
+                assert!(status == 500 && got.to_string().contains("engine process"), "{status}: {got}");
+            }
+        }
+        let health = server.model_health("shared");
+        if health["engine_pids"].as_array().is_some_and(|pids| pids.iter().all(|p| p.as_u64() != Some(first))) {
+            break;
         }
     }
     let (status, got) = server.post("/v1/embeddings", &json!({"model": "shared", "input": texts}));
