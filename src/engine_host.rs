@@ -268,7 +268,7 @@ struct Live {
     child: Child,
     input: BufWriter<ChildStdin>,
     routes: Arc<Mutex<Routes>>,
-    reader: Option<std::thread::JoinHandle<()>>,
+    reader: std::thread::JoinHandle<()>,
 }
 
 /// Where the reader thread sends each session's replies, until the child's
@@ -289,9 +289,7 @@ impl Live {
     fn end(mut self, limit: Duration) -> Option<ExitStatus> {
         drop(self.input);
         let status = exit_status(&mut self.child, limit);
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
+        let _ = self.reader.join();
         status
     }
 }
@@ -384,6 +382,7 @@ impl EngineProcess {
         format!("the engine process of model {:?} ended {what} ({status})", self.model)
     }
 
+    /// Stops routing `session`'s replies and unloads it in the child of `generation`.
     fn forget(&self, generation: u64, session: u32) {
         let mut state = self.state.locked();
         if state.generation == generation {
@@ -566,7 +565,7 @@ fn spawn() -> Result<Live, EngineError> {
         }
     });
     match reader {
-        Ok(reader) => Ok(Live { child, input: BufWriter::new(stdin), routes, reader: Some(reader) }),
+        Ok(reader) => Ok(Live { child, input: BufWriter::new(stdin), routes, reader }),
         Err(e) => {
             let _ = child.kill();
             let _ = child.wait();
