@@ -451,7 +451,8 @@ impl HostedEngine {
         Ok(())
     }
 
-    /// Sends `order` and waits for its reply; `None` when the child ended first.
+    /// Sends `order` and waits for its reply; when the child ended first (or
+    /// this session is not loaded: 0), the generation of the child it was in.
     fn ask(&mut self, order: &Order<&TokenBatch>) -> Result<Reply, u64> {
         let Some((generation, replies)) = &self.attached else { return Err(0) };
         let generation = *generation;
