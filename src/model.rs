@@ -351,6 +351,7 @@ pub fn batch_policy(config: &ModelConfig) -> BatchPolicy {
         pad_to_bucket: false,
         order: config.batch_order,
         call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
+        row_counts: Vec::new(),
     }
 }
 

@@ -538,6 +538,7 @@ fn dispatch(info: &EngineInfo, devices: Vec<Device>, mut pipeline: Pipeline, inb
         pipeline.policy.pad_to_multiple_of = info.seq_multiple.max(1);
     }
     pipeline.policy.call_cost_tokens = info.call_cost_tokens;
+    pipeline.policy.row_counts = info.row_counts.clone();
     let mut pool = Pool::default();
     let mut active: HashMap<u64, Active> = HashMap::new();
     let mut idle: Vec<usize> = (0..devices.len()).rev().collect();
@@ -747,6 +748,7 @@ mod tests {
             takes_token_type_ids: false,
             seq_multiple: 8,
             call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
+            row_counts: Vec::new(),
             accelerated_layers: None,
             runtime_version: None,
         })))
@@ -917,6 +919,7 @@ mod tests {
             pad_to_bucket: false,
             order: Order::Sorted,
             call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
+            row_counts: Vec::new(),
         };
         Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 }
     }

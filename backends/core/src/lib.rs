@@ -101,6 +101,11 @@ pub struct EngineInfo {
     /// planner weighs fewer, fuller batches against padding with it
     /// (`CPU_CALL_COST_TOKENS` where a call costs little more than its tokens).
     pub call_cost_tokens: usize,
+    /// The row counts the engine runs, ascending: it pads a batch of other
+    /// rows up to the next one, and the planner prices a batch at the rows it
+    /// runs (empty: a batch runs its own rows).
+    #[serde(default)]
+    pub row_counts: Vec<usize>,
     /// Layers placed on the accelerator, when the engine can tell (`accelerated`, `total`).
     pub accelerated_layers: Option<(usize, usize)>,
     /// Runtime library version, when known.

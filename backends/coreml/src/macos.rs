@@ -63,6 +63,7 @@ pub fn load(artifacts: &Artifacts, compute_units: &str, input_names: [&str; 2], 
         takes_token_type_ids: false,
         seq_multiple: 1,
         call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
+        row_counts: Vec::new(),
         accelerated_layers: None,
         runtime_version: None,
     };

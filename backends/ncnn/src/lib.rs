@@ -392,6 +392,7 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         takes_token_type_ids: false,
         seq_multiple: 1,
         call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
+        row_counts: Vec::new(),
         accelerated_layers: Some((on_vulkan.max(0) as usize, total.max(0) as usize)),
         runtime_version: Some("ncnn 1.0.20261020".into()),
     };

@@ -314,6 +314,7 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         // a GPU lengths in steps keep the number of shapes small (see round_rows).
         seq_multiple: if gpu.is_some() { GPU_SEQ_STEP } else { 1 },
         call_cost_tokens: if gpu.is_some() { GPU_CALL_COST_TOKENS } else { eeane_backend_core::CPU_CALL_COST_TOKENS },
+        row_counts: if gpu.is_some() { gpu_row_counts(&spec.shapes) } else { Vec::new() },
         accelerated_layers: None,
         runtime_version: Some(version.clone()),
     };
@@ -340,17 +341,24 @@ fn gpu_rows(rows: usize) -> usize {
 
 const GPU_ROW_STEP: usize = 32;
 
+/// The row counts a GPU batch runs with (`gpu_rows`), up to the largest
+/// bucket's batch: the planner prices a batch at these.
+fn gpu_row_counts(buckets: &[(usize, usize)]) -> Vec<usize> {
+    let max_rows = buckets.iter().map(|s| s.0).max().unwrap_or(32);
+    let mut rows: Vec<usize> = (1..=max_rows).map(gpu_rows).collect();
+    rows.dedup();
+    rows
+}
+
 /// Every shape a GPU batch can take (rows as `gpu_rows` rounds them up to
 /// the largest bucket's batch, lengths in steps up to its longest), the
 /// cheapest last. Running them all at load took 38 s for eight sessions of
 /// all-MiniLM-L6-v2 on an H200 (then 72 shapes each); a model now serves at once
 /// and runs them while idle, the small ones that one-text traffic needs first.
 fn gpu_shapes(buckets: &[(usize, usize)]) -> Vec<(usize, usize)> {
-    let max_rows = buckets.iter().map(|s| s.0).max().unwrap_or(32);
     let max_seq = buckets.iter().map(|s| s.1).max().unwrap_or(512).div_ceil(GPU_SEQ_STEP) * GPU_SEQ_STEP;
-    let mut rows: Vec<usize> = (1..=max_rows).map(gpu_rows).collect();
-    rows.dedup();
-    let mut shapes: Vec<(usize, usize)> = rows.into_iter().flat_map(|r| (GPU_SEQ_STEP..=max_seq).step_by(GPU_SEQ_STEP).map(move |s| (r, s))).collect();
+    let mut shapes: Vec<(usize, usize)> =
+        gpu_row_counts(buckets).into_iter().flat_map(|r| (GPU_SEQ_STEP..=max_seq).step_by(GPU_SEQ_STEP).map(move |s| (r, s))).collect();
     shapes.sort_by_key(|&(rows, seq)| std::cmp::Reverse((rows * seq, rows)));
     shapes
 }

@@ -301,6 +301,7 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         // In f32, padding only cost (-5 %).
         seq_multiple: if precision == "bf16" { 16 } else { 1 },
         call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
+        row_counts: Vec::new(),
         accelerated_layers: None,
         runtime_version: Some(version),
     };

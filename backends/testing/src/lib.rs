@@ -68,6 +68,7 @@ impl Backend for Testing {
             takes_token_type_ids: false,
             seq_multiple: 1,
             call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
+            row_counts: Vec::new(),
             accelerated_layers: None,
             runtime_version: None,
         };
