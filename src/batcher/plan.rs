@@ -401,8 +401,12 @@ impl FillWait {
 }
 
 /// Batches of one model a GPU runs at once when the queue holds less than a
-/// full batch: two, so that one is prepared while the other computes.
-pub const SMALL_BATCHES_PER_CARD: usize = 2;
+/// full batch: four. Two kept batches large while padded rows made small
+/// ones dear; with batches priced at the rows they run, four sessions of
+/// all-MiniLM-L6-v2 on an H100 served one text a request at 64 in flight
+/// 1.22-1.27x faster with three or four (p99 9.0 -> 6.1 ms), and the same at
+/// 256 and 480 and in bulk.
+pub const SMALL_BATCHES_PER_CARD: usize = 4;
 
 /// Sequences that make a batch worth starting beside others on a busy card:
 /// half the largest batch the buckets allow (rows, or rows of its longest
@@ -439,14 +443,15 @@ pub fn worth_sharing(waiting: usize, full: usize, rest_of_a_running_request: boo
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_busy_card_takes_a_third_batch_only_when_a_full_one_waits() {
-        // Four sessions on card 0, two on card 1, one CPU engine.
-        let card = [Some(0), Some(0), Some(0), Some(0), Some(1), Some(1), None];
-        // Card 0 runs two (devices 0 and 1); card 1 runs one (device 4); the CPU engine is idle.
-        assert_eq!(pick_idle(&[2, 3, 5], &card, false), Some(2), "device 5: its card runs one");
-        assert_eq!(pick_idle(&[2, 3], &card, false), None, "card 0 runs two and little waits");
-        assert_eq!(pick_idle(&[2, 3], &card, true), Some(1), "worth a batch: a third starts, on the device freed last");
-        assert_eq!(pick_idle(&[6, 2, 3], &card, false), Some(0), "a CPU engine never waits for a card");
+    fn a_busy_card_takes_another_batch_only_when_a_full_one_waits() {
+        // Six sessions on card 0, two on card 1, one CPU engine.
+        let card = [Some(0), Some(0), Some(0), Some(0), Some(0), Some(0), Some(1), Some(1), None];
+        // Card 0 runs four (devices 0 to 3); card 1 runs one (device 6); the CPU engine is idle.
+        assert_eq!(SMALL_BATCHES_PER_CARD, 4);
+        assert_eq!(pick_idle(&[4, 5, 7], &card, false), Some(2), "device 7: its card runs one");
+        assert_eq!(pick_idle(&[4, 5], &card, false), None, "card 0 runs four and little waits");
+        assert_eq!(pick_idle(&[4, 5], &card, true), Some(1), "worth a batch: a fifth starts, on the device freed last");
+        assert_eq!(pick_idle(&[8, 4, 5], &card, false), Some(0), "a CPU engine never waits for a card");
         assert_eq!(pick_idle(&[], &card, true), None);
         assert!(worth_sharing(64, 64, false) && worth_sharing(1, 64, true) && !worth_sharing(63, 64, false));
     }
