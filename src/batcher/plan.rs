@@ -404,8 +404,8 @@ impl FillWait {
 /// full batch: four. Two kept batches large while padded rows made small
 /// ones dear; with batches priced at the rows they run, four sessions of
 /// all-MiniLM-L6-v2 on an H100 served one text a request at 64 in flight
-/// 1.22-1.27x faster with three or four (p99 9.0 -> 6.1 ms), and the same at
-/// 256 and 480 and in bulk.
+/// 1.21-1.30x faster with three or four (p99 6.1-6.8 ms against 8.9-9.3),
+/// and the same at 256 and 480 and in bulk.
 pub const SMALL_BATCHES_PER_CARD: usize = 4;
 
 /// Sequences that make a batch worth starting beside others on a busy card:
