@@ -494,4 +494,15 @@ mod tests {
         assert!(gpu_shapes(&[(100, 64)]).contains(&(128, 64)), "a batch of 100 rows runs as 128");
         assert_eq!(shapes.last(), Some(&(1, GPU_SEQ_STEP)), "the cheapest shape is warmed first");
     }
+
+    #[test]
+    fn the_planner_prices_a_batch_at_the_rows_the_gpu_runs() {
+        // The planner (BatchPolicy::rows_run) takes the first row count at
+        // or above a batch's rows: that must be the rows the engine runs.
+        let counts = gpu_row_counts(&[(256, 64), (256, 128), (100, 256)]);
+        assert_eq!(counts, [1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256]);
+        for rows in 1..=256 {
+            assert_eq!(counts.iter().copied().find(|&r| r >= rows), Some(gpu_rows(rows)), "{rows} rows");
+        }
+    }
 }
