@@ -294,6 +294,8 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
             // index in Done events and /health's lists); none: the model failed.
             let Ok(index) = place_rx.recv() else { return };
             let who = format!("model {model:?} ({} on {})", engine.info().engine, engine.info().device);
+            // The tokens a batch computes count the rows the engine pads it to.
+            let row_counts = engine.info().row_counts.clone();
             let (rows, tokens, seconds) = (
                 metrics::histogram!("eeane_batch_rows", "model" => model.clone()),
                 metrics::histogram!("eeane_batch_tokens", "model" => model.clone()),
@@ -344,7 +346,7 @@ fn start_device(engine: EngineStart<'_>, pipeline: Pipeline, events: mpsc::Sende
                 }
                 seconds.record(started.elapsed().as_secs_f64());
                 rows.record(batch.batch as f64);
-                tokens.record((batch.batch * batch.seq) as f64);
+                tokens.record((eeane_backend_core::rows_run(&row_counts, batch.batch) * batch.seq) as f64);
                 if events.send(Event::Done { device: index, items, result }).is_err() {
                     break;
                 }
@@ -870,17 +872,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn sessions_sharing_a_card_start_a_third_batch_only_for_a_full_one_or_a_requests_rest() {
+    async fn sessions_sharing_a_card_start_more_small_batches_only_for_a_full_one_or_a_requests_rest() {
         let pipeline = mean_of_one_bucket(256, 4096);
         assert_eq!(full_rows(&pipeline.policy), 128);
-        let asked = Devices::new(["gpu", "gpu", "gpu", "gpu"]).unwrap();
+        // Six sessions on one card: two more than it runs small batches at once.
+        let limit = plan::SMALL_BATCHES_PER_CARD;
+        assert_eq!(limit, 4);
+        let asked = Devices::new(["gpu"; 6]).unwrap();
         let worker = Arc::new(EngineWorker::start("card", Launch::Thread(&COUNTING_ECHO), asked, EngineSpec::default(), pipeline).await.unwrap());
-        // 64 clients, one text a request: never a full batch waiting.
-        let clients: Vec<_> = (0..64)
+        // 120 clients, one text a request: never a full batch waiting.
+        let clients: Vec<_> = (0..120)
             .map(|c| {
                 let worker = worker.clone();
                 tokio::spawn(async move {
                     for i in 0..10 {
+                        // Out of step, so that small batches could overlap.
+                        tokio::time::sleep(Duration::from_millis(((c * 7 + i * 3) % 11) as u64)).await;
                         let id = 1 + c * 10 + i;
                         let got = worker.embed(vec![Encoded { ids: vec![id; 3], type_ids: vec![0; 3] }], None).await.unwrap();
                         assert_eq!(got, vec![vec![id as f32, 1.0]]);
@@ -892,22 +899,22 @@ mod tests {
             client.await.unwrap();
         }
         let most = MOST_RUNNING.load(Ordering::SeqCst);
-        assert!(most <= 2, "small batches on one card, {most} at once");
-        // A bulk request: four full batches start at once, one per session.
+        assert!(most <= limit, "small batches on one card, {most} at once");
+        // A bulk request: six full batches start at once, one per session.
         let before = worker.stats.device_batches.locked().clone();
-        let seqs: Vec<Encoded> = (1..=1024).map(|i| Encoded { ids: vec![i; 4], type_ids: vec![0; 4] }).collect();
+        let seqs: Vec<Encoded> = (1..=1536).map(|i| Encoded { ids: vec![i; 4], type_ids: vec![0; 4] }).collect();
         let got = worker.embed(seqs, None).await.unwrap();
-        assert_eq!(got, (1..=1024).map(|i| vec![i as f32, 1.0]).collect::<Vec<_>>());
+        assert_eq!(got, (1..=1536).map(|i| vec![i as f32, 1.0]).collect::<Vec<_>>());
         let after = worker.stats.device_batches.locked().clone();
         assert!(before.iter().zip(&after).all(|(b, a)| a > b), "every session ran a full batch: {before:?} -> {after:?}");
-        // 256 + 256 + 10 texts: the last 10, the rest of a running request,
-        // start at once on a third session instead of waiting for the card.
+        // Four batches of 256 and 10 texts: the last 10, the rest of a running
+        // request, start at once on a fifth session instead of waiting for the card.
         let before = worker.stats.device_batches.locked().clone();
-        let seqs: Vec<Encoded> = (1..=522).map(|i| Encoded { ids: vec![i; 4], type_ids: vec![0; 4] }).collect();
-        assert_eq!(worker.embed(seqs, None).await.unwrap().len(), 522);
+        let seqs: Vec<Encoded> = (1..=1034).map(|i| Encoded { ids: vec![i; 4], type_ids: vec![0; 4] }).collect();
+        assert_eq!(worker.embed(seqs, None).await.unwrap().len(), 1034);
         let after = worker.stats.device_batches.locked().clone();
         let sessions = before.iter().zip(&after).filter(|(b, a)| a > b).count();
-        assert_eq!(sessions, 3, "three batches on three sessions: {before:?} -> {after:?}");
+        assert_eq!(sessions, 5, "five batches on five sessions: {before:?} -> {after:?}");
     }
 
     /// Mean pooling, no normalization, one bucket of 16 tokens.

@@ -54,7 +54,7 @@ impl BatchPolicy {
 
     /// The rows a batch of `rows` runs with on the engine.
     pub fn rows_run(&self, rows: usize) -> usize {
-        self.row_counts.iter().copied().find(|&r| r >= rows).unwrap_or(rows)
+        eeane_backend_core::rows_run(&self.row_counts, rows)
     }
 
     /// The sequence length a batch whose longest row is `longest` runs at.

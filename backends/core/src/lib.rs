@@ -81,6 +81,13 @@ pub enum InputShapes {
 /// so padding weighs more than batch size there.
 pub const CPU_CALL_COST_TOKENS: usize = 128;
 
+/// The rows a batch of `rows` runs with on an engine whose `row_counts`
+/// (`EngineInfo::row_counts`) these are: the first at or above it, or
+/// `rows` itself.
+pub fn rows_run(row_counts: &[usize], rows: usize) -> usize {
+    row_counts.iter().copied().find(|&r| r >= rows).unwrap_or(rows)
+}
+
 /// An engine's description of itself, reported in /health and logs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineInfo {

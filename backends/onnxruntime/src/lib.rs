@@ -497,12 +497,12 @@ mod tests {
 
     #[test]
     fn the_planner_prices_a_batch_at_the_rows_the_gpu_runs() {
-        // The planner (BatchPolicy::rows_run) takes the first row count at
-        // or above a batch's rows: that must be the rows the engine runs.
+        // The planner prices a batch at the first row count at or above its
+        // rows (eeane_backend_core::rows_run): the rows the engine runs.
         let counts = gpu_row_counts(&[(256, 64), (256, 128), (100, 256)]);
         assert_eq!(counts, [1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256]);
         for rows in 1..=256 {
-            assert_eq!(counts.iter().copied().find(|&r| r >= rows), Some(gpu_rows(rows)), "{rows} rows");
+            assert_eq!(eeane_backend_core::rows_run(&counts, rows), gpu_rows(rows), "{rows} rows");
         }
     }
 }
