@@ -8,8 +8,8 @@
 //! byte through every step (NormalizedString, PreTokenizedString): on 4,000
 //! paragraphs of Python's standard library, one core of a 2-core AMD EPYC,
 //! it took 148-167 µs a text, this way 16.8-17.6 (the same ids). WordPiece
-//! is the crate's algorithm on the crate's vocabulary, taken from the loaded
-//! model, without its per-token bookkeeping: the crate makes a `Token` with
+//! is the crate's algorithm on the loaded model's own vocabulary
+//! (`token_to_id`), without its per-token bookkeeping: the crate makes a `Token` with
 //! its own `String` for every piece and formats `##` + the rest for every
 //! length it tries, so that its WordPiece calls were two thirds of what
 //! remained. Unicode tables are the crate's own (unicode_categories,
@@ -23,8 +23,8 @@
 //! ways to the same ids on real tokenizers, on texts built to hit every rule,
 //! on many scripts, on random Unicode, and with added tokens of every kind.
 
-use ahash::AHashMap;
 use aho_corasick::AhoCorasick;
+use tokenizers::models::wordpiece::WordPiece;
 use tokenizers::models::ModelWrapper;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
@@ -43,16 +43,6 @@ pub struct BertWordPiece {
     /// one, or whose normalized form holds one, takes the crate's way.
     added_raw: Option<AhoCorasick>,
     added_normalized: Option<AhoCorasick>,
-    word_pieces: WordPieces,
-}
-
-/// The model's WordPiece: its vocabulary, `[UNK]`'s id, the prefix of a
-/// piece that continues a word (`##`), and the longest word it splits.
-struct WordPieces {
-    vocab: AHashMap<String, u32>,
-    unk: Result<u32, String>,
-    prefix: String,
-    max_chars: usize,
 }
 
 impl BertWordPiece {
@@ -66,12 +56,9 @@ impl BertWordPiece {
         if !matches!(tokenizer.get_pre_tokenizer(), Some(PreTokenizerWrapper::BertPreTokenizer(_))) {
             return None;
         }
-        let ModelWrapper::WordPiece(model) = tokenizer.get_model() else {
+        if !matches!(tokenizer.get_model(), ModelWrapper::WordPiece(_)) {
             return None;
-        };
-        let vocab: AHashMap<String, u32> = model.get_vocab().into_iter().collect();
-        let unk = vocab.get(&model.unk_token).copied().ok_or_else(|| format!("WordPiece's unknown token {:?} is not in its vocabulary", model.unk_token));
-        let word_pieces = WordPieces { vocab, unk, prefix: model.continuing_subword_prefix.clone(), max_chars: model.max_input_chars_per_word };
+        }
         let mut way = Self {
             clean_text: normalizer.clean_text,
             handle_chinese_chars: normalizer.handle_chinese_chars,
@@ -80,7 +67,6 @@ impl BertWordPiece {
             lowercase: normalizer.lowercase,
             added_raw: None,
             added_normalized: None,
-            word_pieces,
         };
         let added: Vec<tokenizers::AddedToken> = tokenizer.get_added_tokens_decoder().into_values().collect();
         let normalized: Vec<(bool, String)> = added.iter().map(|token| (token.normalized, way.normalize(&token.content))).collect();
@@ -94,7 +80,11 @@ impl BertWordPiece {
     }
 
     /// `text`'s content ids, or `None` where the crate's whole way must take it.
-    pub fn content(&self, text: &str) -> Option<Result<Vec<u32>, TokenizeError>> {
+    /// `model` is the tokenizer's own (`find` took only a WordPiece one).
+    pub fn content(&self, text: &str, model: &ModelWrapper) -> Option<Result<Vec<u32>, TokenizeError>> {
+        let ModelWrapper::WordPiece(model) = model else {
+            return None;
+        };
         let holds = |matcher: &Option<AhoCorasick>, text: &str| matcher.as_ref().is_some_and(|m| m.is_match(text));
         if holds(&self.added_raw, text) {
             return None;
@@ -103,7 +93,7 @@ impl BertWordPiece {
         if holds(&self.added_normalized, &normalized) {
             return None;
         }
-        Some(words(&normalized, &self.word_pieces))
+        Some(words(&normalized, model))
     }
 
     /// BertNormalizer's steps in its order, on the whole text.
@@ -145,57 +135,62 @@ fn matcher<'p>(patterns: impl Iterator<Item = &'p str>) -> Option<AhoCorasick> {
     (!patterns.is_empty()).then(|| AhoCorasick::new(patterns).expect("added tokens are short strings"))
 }
 
-impl WordPieces {
-    /// `word`'s ids after `ids`, as the crate's WordPiece splits it: the
-    /// longest piece in the vocabulary from the start, then the longest
-    /// `##` piece from where it ended, and so on; a word longer than
-    /// `max_chars` characters, or with a rest that no piece starts, is one
-    /// `[UNK]`. `piece` is a buffer for the `##` pieces tried.
-    fn split(&self, word: &str, ids: &mut Vec<u32>, piece: &mut String) -> Result<(), TokenizeError> {
-        let unknown = |ids: &mut Vec<u32>| self.unk.clone().map(|id| ids.push(id)).map_err(TokenizeError::Tokenizer);
-        // Characters are at most bytes: only a long word needs counting.
-        if word.len() > self.max_chars && word.chars().count() > self.max_chars {
-            return unknown(ids);
-        }
-        let first = ids.len();
-        let mut start = 0;
-        while start < word.len() {
-            let mut end = word.len();
-            let found = loop {
-                if start == end {
-                    break None;
-                }
-                let rest = &word[start..end];
-                let id = if start == 0 {
-                    self.vocab.get(rest)
-                } else {
-                    piece.clear();
-                    piece.push_str(&self.prefix);
-                    piece.push_str(rest);
-                    self.vocab.get(piece.as_str())
-                };
-                if let Some(&id) = id {
-                    break Some(id);
-                }
-                end -= rest.chars().next_back().map_or(1, char::len_utf8);
-            };
-            let Some(id) = found else {
-                ids.truncate(first);
-                return unknown(ids);
-            };
+/// `word`'s ids after `ids`, as the crate's `WordPiece::tokenize` splits it
+/// and on its vocabulary: the longest piece in the vocabulary from the
+/// start, then the longest `##` piece from where it ended, and so on; a word
+/// longer than `max_input_chars_per_word` characters, or with a rest that no
+/// piece starts, is one `[UNK]`. `piece` is a buffer for the `##` pieces tried.
+fn split(model: &WordPiece, word: &str, ids: &mut Vec<u32>, piece: &mut String) -> Result<(), TokenizeError> {
+    let unknown = |ids: &mut Vec<u32>| match model.token_to_id(&model.unk_token) {
+        Some(id) => {
             ids.push(id);
-            start = end;
+            Ok(())
         }
-        Ok(())
+        None => Err(TokenizeError::Tokenizer(format!("WordPiece's unknown token {:?} is not in its vocabulary", model.unk_token))),
+    };
+    // Characters are at most bytes: only a long word needs counting.
+    let max_chars = model.max_input_chars_per_word;
+    if word.len() > max_chars && word.chars().count() > max_chars {
+        return unknown(ids);
     }
+    let first = ids.len();
+    let mut start = 0;
+    while start < word.len() {
+        let mut end = word.len();
+        let found = loop {
+            if start == end {
+                break None;
+            }
+            let rest = &word[start..end];
+            let id = if start == 0 {
+                model.token_to_id(rest)
+            } else {
+                piece.clear();
+                piece.push_str(&model.continuing_subword_prefix);
+                piece.push_str(rest);
+                model.token_to_id(piece)
+            };
+            if id.is_some() {
+                break id;
+            }
+            end -= rest.chars().next_back().map_or(1, char::len_utf8);
+        };
+        let Some(id) = found else {
+            ids.truncate(first);
+            return unknown(ids);
+        };
+        ids.push(id);
+        start = end;
+    }
+    Ok(())
 }
 
 /// BertPreTokenizer (whitespace removed, each punctuation character a word
 /// of its own), then WordPiece word by word.
-fn words(normalized: &str, word_pieces: &WordPieces) -> Result<Vec<u32>, TokenizeError> {
+fn words(normalized: &str, model: &WordPiece) -> Result<Vec<u32>, TokenizeError> {
     let mut ids = Vec::with_capacity(normalized.len() / 3);
     let mut piece = String::new();
-    let mut emit = |word: &str| word_pieces.split(word, &mut ids, &mut piece);
+    let mut emit = |word: &str| split(model, word, &mut ids, &mut piece);
     let mut start = 0;
     for (i, c) in normalized.char_indices() {
         let space = c.is_whitespace();
@@ -299,7 +294,7 @@ mod tests {
             "snake_case_name and camelCaseName and kebab-case-name",
         ];
         for text in texts {
-            let got = fast.content(text);
+            let got = fast.content(text, tokenizer.get_model());
             if text.contains("[CLS]") {
                 assert!(got.is_none(), "{text:?} holds an added token as written: the crate's way");
                 continue;
@@ -310,7 +305,7 @@ mod tests {
         }
         for text in ["café Ñandú İstanbul straße ﬁne", "中文字符和English混合", "Ελληνικά Кириллица", "a\u{200b}b\u{feff}c\u{fffd}d\u{e000}e"]
         {
-            assert_eq!(fast.content(text).expect("no added token").unwrap(), crate_ids(&tokenizer, text), "{text:?}");
+            assert_eq!(fast.content(text, tokenizer.get_model()).expect("no added token").unwrap(), crate_ids(&tokenizer, text), "{text:?}");
         }
     }
 
@@ -321,7 +316,7 @@ mod tests {
         for b in 0u8..0x80 {
             let c = b as char;
             for text in [format!("{c}"), format!("ab{c}cd"), format!("{c}word {c}"), format!("x{c}{c}y z")] {
-                let Some(got) = fast.content(&text) else { continue };
+                let Some(got) = fast.content(&text, tokenizer.get_model()) else { continue };
                 assert_eq!(got.unwrap(), crate_ids(&tokenizer, &text), "byte {b:#04x} in {text:?}");
             }
         }
@@ -363,12 +358,12 @@ mod tests {
             let randoms = random_texts(500, 13);
             let mut taken = 0;
             for text in texts.into_iter().chain(randoms.iter().map(String::as_str)) {
-                let Some(got) = fast.content(text) else { continue };
+                let Some(got) = fast.content(text, tokenizer.get_model()) else { continue };
                 taken += 1;
                 assert_eq!(got.unwrap(), crate_ids(&tokenizer, text), "lowercase {lowercase}: {text:?}");
             }
             assert!(taken > 400, "{taken} texts taken");
-            assert!(fast.content("a <x> b").is_none(), "a special token as written");
+            assert!(fast.content("a <x> b", tokenizer.get_model()).is_none(), "a special token as written");
         }
     }
 
@@ -408,10 +403,10 @@ mod tests {
         };
         let fast = BertWordPiece::find(&tokenizer).unwrap();
         let texts = paragraphs();
-        let taken: Vec<&String> = texts.iter().filter(|t| fast.content(t).is_some()).collect();
+        let taken: Vec<&String> = texts.iter().filter(|t| fast.content(t, tokenizer.get_model()).is_some()).collect();
         assert!(taken.len() * 10 > texts.len() * 9, "only {} of {} texts were without added tokens", taken.len(), texts.len());
         let started = std::time::Instant::now();
-        let fast_ids: Vec<Vec<u32>> = taken.iter().map(|t| fast.content(t).unwrap().unwrap()).collect();
+        let fast_ids: Vec<Vec<u32>> = taken.iter().map(|t| fast.content(t, tokenizer.get_model()).unwrap().unwrap()).collect();
         let fast_time = started.elapsed().as_secs_f64();
         let started = std::time::Instant::now();
         let crate_all: Vec<Vec<u32>> = taken.iter().map(|t| crate_ids(&tokenizer, t)).collect();
@@ -441,7 +436,7 @@ mod tests {
         let fast = BertWordPiece::find(&tokenizer).unwrap();
         let mut taken = 0;
         for text in random_texts(20_000, 11) {
-            let Some(got) = fast.content(&text) else { continue };
+            let Some(got) = fast.content(&text, tokenizer.get_model()) else { continue };
             taken += 1;
             assert_eq!(got.unwrap(), crate_ids(&tokenizer, &text), "{text:?} {:?}", text.chars().map(|c| c as u32).collect::<Vec<_>>());
         }
@@ -507,7 +502,7 @@ mod tests {
             tokenizer.with_normalizer(Some(BertNormalizer::new(clean_text, handle_chinese_chars, strip_accents, lowercase)));
             let fast = BertWordPiece::find(&tokenizer).expect("still BERT's pipeline");
             for text in &texts {
-                let Some(got) = fast.content(text) else { continue };
+                let Some(got) = fast.content(text, tokenizer.get_model()) else { continue };
                 assert_eq!(
                     got.unwrap(),
                     crate_ids(&tokenizer, text),

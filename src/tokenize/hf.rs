@@ -123,7 +123,7 @@ impl Vocabulary for HfTokenizer {
     /// `encode_batch`, one thread, stdlib paragraphs: 2,924-3,104 texts/s
     /// against 2,201-2,774).
     fn content(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        if let Some(ids) = self.bert.as_ref().and_then(|fast| fast.content(text)) {
+        if let Some(ids) = self.bert.as_ref().and_then(|fast| fast.content(text, self.inner.get_model())) {
             return ids;
         }
         let encoding = self.inner.encode_fast(text, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
