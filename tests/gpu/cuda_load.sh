@@ -103,7 +103,8 @@ for tag in $layouts; do
   name=$base_name
   has "$seen" "$tag" && name=$base_name-again
   seen="$seen$tag "
-  { header 7991; entry "minilm-$tag" "$devices" "$extra"; } > "$root/load-$tag.toml"
+  # LOAD_ENTRY: more lines for the model's entry (an engine option to A/B).
+  { header 7991; entry "minilm-$tag" "$devices" "$extra${LOAD_ENTRY:+\n$LOAD_ENTRY}"; } > "$root/load-$tag.toml"
   "$eeane" serve --config "$root/load-$tag.toml" > "$OUT/load-$tag$name-server.log" 2>&1 &
   server=$!
   wait_port 7991
@@ -116,6 +117,8 @@ for tag in $layouts; do
   LOAD_SERVER_PID=$server LOAD_SECONDS=$seconds bash tests/gpu/load.sh http://127.0.0.1:7991 "minilm-$tag" "$root/texts.json" "$OUT/load-$tag$name.json" 2>&1 | tee -a "$OUT/load.txt"
   # The batches' rows, tokens and run time over the whole load (Prometheus histograms).
   curl -s localhost:7991/metrics | grep -E '^eeane_(batch_rows|batch_tokens|inference_seconds)' > "$OUT/metrics-$tag$name.txt"
+  # LOAD_AFTER: a command run while the loaded server still serves (MODEL and PORT set).
+  [ -z "${LOAD_AFTER:-}" ] || MODEL=minilm-$tag PORT=7991 NAME=$tag$name bash -c "$LOAD_AFTER" 2>&1 | tee -a "$OUT/load.txt"
   curl -s -o /dev/null -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"x\", \"keep_alive\": 0}" localhost:7991/v1/embeddings
   sleep 3
   echo "$tag: VRAM after unload $(nvidia-smi --query-gpu=memory.used --format=csv,noheader | head -n 1)" | tee -a "$OUT/load.txt"

@@ -3,7 +3,7 @@
 run of the ONNX Runtime engine at debug level (EEANE_LOG=info,
 eeane_backend_onnxruntime=debug): session-seconds inside a run per wall
 second in bulk (runs of 128 rows and more, after every shape has warmed),
-and what a run took by its rows. Usage: engine_runs.py SERVER_LOG"""
+and what a run took by its rows, then every run a line per second. Usage: engine_runs.py SERVER_LOG"""
 import re, sys, datetime, collections
 runs = []
 for line in open(sys.argv[1], errors="replace"):
@@ -38,3 +38,20 @@ if bulk:
     for r in bulk:
         sec[int(r[0])] += r[4] / 1e3
     print("  session-seconds busy per wall second:", [round(sec[k], 2) for k in sorted(sec)])
+# Every run after the warm-up, a line per wall second: one text a request
+# shows here as runs of few rows. "inside" is session-seconds in a run per
+# wall second: about the session count when the sessions never wait for a
+# batch, and run_ms then holds what a call costs (the card's kernels, the
+# host's launches and copies, and the wait behind other sessions' kernels).
+if runs:
+    print("per second: runs, texts, mean rows (real / run), sessions inside a run, run_ms p50 / p90")
+    per = collections.defaultdict(list)
+    for r in runs:
+        per[int(r[0])].append(r)
+    for second in sorted(per):
+        rs = per[second]
+        ms = sorted(x[4] for x in rs)
+        texts = sum(x[3] for x in rs)
+        print(f"  {datetime.datetime.fromtimestamp(second, datetime.timezone.utc):%H:%M:%S} {len(rs):5d} {texts:6d}"
+              f" {texts / len(rs):6.1f} / {sum(x[1] for x in rs) / len(rs):6.1f} {sum(ms) / 1e3:5.2f}"
+              f" {ms[len(ms) // 2]:6.2f} / {ms[int(len(ms) * 0.9)]:6.2f}")

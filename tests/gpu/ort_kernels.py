@@ -44,6 +44,7 @@ parser.add_argument("--profile", action="store_true")
 parser.add_argument("--seq-step", type=int, default=32)
 parser.add_argument("--packed", action="store_true", help="the graph in ONNX Runtime's packing mode (RemovePadding, PackedAttention)")
 parser.add_argument("--no-torch", action="store_true")
+parser.add_argument("--calls", action="store_true", help="what one call costs: host tensors, buffers bound on the GPU, and CUDA graphs per shape")
 args = parser.parse_args()
 
 texts = json.load(open(args.texts))
@@ -170,6 +171,126 @@ def threaded_pass(repeat=4):
 for _ in range(3):
     threaded_pass(len(many))  # every session meets every shape, most likely
 report[f"{args.sessions}_sessions_host_texts_per_s"] = best_of(threaded_pass) * 4
+
+
+if args.calls:
+    # What a call costs besides the card's kernels, by how its tensors move:
+    #   host:  numpy in, numpy out (ONNX Runtime copies both ways), as eeane runs it;
+    #   bound: one set of GPU buffers per shape, filled in place (IO binding);
+    #   graph: the same buffers, and a CUDA graph captured per shape
+    #          (enable_cuda_graph, gpu_graph_id), replayed with one launch.
+    # One session, then N on threads; the process's CPU time a call beside the
+    # wall time says how much of a call the host spends launching.
+    class Runner:
+        def __init__(self, mode):
+            self.mode = mode
+            options = dict(cuda_options, enable_cuda_graph="1") if mode == "graph" else cuda_options
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            so.intra_op_num_threads = 1
+            self.s = ort.InferenceSession(graph, so, providers=[("CUDAExecutionProvider", options)])
+            self.shapes = {}
+
+        def run(self, ids, mask):
+            if self.mode == "host":
+                return self.s.run(None, feeds(ids, mask))[0]
+            if ids.shape not in self.shapes:
+                values = {k: ort.OrtValue.ortvalue_from_numpy(v.copy(), "cuda", 0) for k, v in feeds(ids, mask).items()}
+                output = self.s.get_outputs()[0]
+                shape = [ids.shape[0]] + ([ids.shape[1]] if len(output.shape) == 3 else []) + [output.shape[-1]]
+                out = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, "cuda", 0)
+                binding = self.s.io_binding()
+                for k, v in values.items():
+                    binding.bind_ortvalue_input(k, v)
+                binding.bind_ortvalue_output(output.name, out)
+                ro = ort.RunOptions()
+                if self.mode == "graph":
+                    ro.add_run_config_entry("gpu_graph_id", str(len(self.shapes) + 1))
+                self.shapes[ids.shape] = (values, out, binding, ro)
+            values, out, binding, ro = self.shapes[ids.shape]
+            for k, v in feeds(ids, mask).items():
+                values[k].update_inplace(v)
+            self.s.run_with_iobinding(binding, ro)
+            return out.numpy()
+
+    reference = [one.run(None, feeds(ids, mask))[0] for ids, mask in batches]
+
+    # ONNX Runtime keeps a session's CUDA graphs per thread, and captures on
+    # the third run of a shape (two plain runs first) in CUDA's global mode,
+    # which fails other threads' synchronous CUDA calls meanwhile: each
+    # session warms and captures on the thread that serves it, one session at
+    # a time, before any serves.
+    capture_lock = threading.Lock()
+
+    def warm(r):
+        with capture_lock:
+            for _ in range(3):
+                got = [r.run(ids, mask).copy() for ids, mask in batches]
+        return got
+
+    def measure_calls(mode):
+        r0 = Runner(mode)
+        got = warm(r0)
+        flat = [(a.reshape(len(a), -1), b.reshape(len(b), -1)) for a, b in zip(got, reference)]
+        low = min(float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min()) for a, b in flat)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        one_rate = best_of(lambda: [r0.run(ids, mask) for ids, mask in batches])
+        cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - wall0
+        runners = [Runner(mode) for _ in range(args.sessions)]
+        q = queue.Queue()
+        ready = threading.Barrier(len(runners) + 1)
+
+        def work(r):
+            try:
+                warm(r)
+            except Exception:
+                ready.abort()  # the main thread's wait raises: the mode's error
+                raise
+            ready.wait()
+            while True:
+                item = q.get()
+                if item is None:
+                    q.task_done()
+                    return
+                r.run(*item)
+                q.task_done()
+
+        threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in runners]
+        for t in threads:
+            t.start()
+        ready.wait()
+
+        def many_pass(repeat=4):
+            for _ in range(repeat):
+                for b in batches:
+                    q.put(b)
+            q.join()
+
+        many_pass(1)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        many_rate = best_of(many_pass) * 4
+        many_cpu = time.process_time() - cpu0
+        many_wall = time.perf_counter() - wall0
+        for _ in threads:
+            q.put(None)
+        q.join()
+        return {
+            "one_session_texts_per_s": one_rate,
+            "one_session_wall_ms_a_call": 1e3 * wall / (4 * len(batches)),
+            "one_session_cpu_ms_a_call": 1e3 * cpu / (4 * len(batches)),
+            f"{args.sessions}_sessions_texts_per_s": many_rate,
+            f"{args.sessions}_sessions_cpu_cores": many_cpu / many_wall,
+            "min_cosine_to_host": low,
+        }
+
+    calls = {}
+    for mode in ["host", "bound", "graph"]:
+        try:
+            calls[mode] = measure_calls(mode)
+        except Exception as e:  # e.g. a graph the CUDA provider cannot capture whole
+            calls[mode] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+    report["calls"] = calls
 
 
 def kernel_table(prof, wall, label, top=14):
