@@ -161,11 +161,16 @@ for t in workers:
     t.start()
 
 
-def threaded_pass(repeat=4):
+def queue_pass(q, repeat):
+    """Every batch `repeat` times through the sessions' queue `q`, until all ran."""
     for _ in range(repeat):
         for b in batches:
-            work.put(b)
-    work.join()
+            q.put(b)
+    q.join()
+
+
+def threaded_pass(repeat=4):
+    queue_pass(work, repeat)
 
 
 for _ in range(3):
@@ -262,10 +267,7 @@ if args.calls:
         ready.wait()
 
         def many_pass(repeat=4):
-            for _ in range(repeat):
-                for b in batches:
-                    q.put(b)
-            q.join()
+            queue_pass(q, repeat)
 
         many_pass(1)
         cpu0, wall0 = time.process_time(), time.perf_counter()
