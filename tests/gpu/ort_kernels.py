@@ -100,6 +100,11 @@ def feeds(ids, mask):
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
 
 
+def min_row_cosine(a, b):
+    """The least cosine between matching rows of two [rows, dim] arrays."""
+    return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
+
+
 def best_of(run, passes=3):
     run()  # every shape once
     best = None
@@ -237,7 +242,7 @@ if args.calls:
         r0 = Runner(mode)
         got = warm(r0)
         flat = [(a.reshape(len(a), -1), b.reshape(len(b), -1)) for a, b in zip(got, reference)]
-        low = min(float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min()) for a, b in flat)
+        low = min(min_row_cosine(a, b) for a, b in flat)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         one_rate = best_of(lambda: [r0.run(ids, mask) for ids, mask in batches])
         cpu = time.process_time() - cpu0
@@ -266,12 +271,9 @@ if args.calls:
             t.start()
         ready.wait()
 
-        def many_pass(repeat=4):
-            queue_pass(q, repeat)
-
-        many_pass(1)
+        queue_pass(q, 1)
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        many_rate = best_of(many_pass) * 4
+        many_rate = best_of(lambda: queue_pass(q, 4)) * 4
         many_cpu = time.process_time() - cpu0
         many_wall = time.perf_counter() - wall0
         for _ in threads:
@@ -331,8 +333,7 @@ if args.packed:
     for ids, mask in batches:
         a = one.run(None, feeds(ids, mask))[0]
         b = plain.run(None, feeds(ids, mask))[0]
-        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-        low = min(low, float(cos.min()))
+        low = min(low, min_row_cosine(a, b))
     report["packed_min_cosine_to_unpacked"] = low
 
 if args.profile:
