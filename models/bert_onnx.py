@@ -12,8 +12,9 @@ one row (positions restarting, each attending only to itself) and run as one.
 With `fusable=True` the mask and the attention scale take the shapes ONNX
 Runtime's transformer optimizer recognizes (the mask unsqueezed twice before
 its Cast, scores divided by sqrt(head_dim)), so that it fuses each layer's
-attention into one Attention operator for the GPU; the values are the same
-network's, within float rounding.
+attention into one Attention operator for the GPU, and the positions are
+counted along input_ids' rows, so that no node needs the CPU; the values are
+the same network's, within float rounding.
 `numpy_forward` is an independent float64 implementation of the same network,
 used to check the graph before it is published.
 """
@@ -193,6 +194,14 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
     if ncnn_friendly:
         positions = "position_ids"
         token_types = False
+    elif fusable:
+        # 0..S-1 counted along each row of input_ids ([B, S]), not Range over
+        # its Shape: ONNX Runtime runs shape arithmetic on the CPU, and a
+        # graph with one node off the GPU cannot be captured as a CUDA graph.
+        # The optimizer folds this form into EmbedLayerNormalization.
+        ones = node("Add", [node("Mul", ["input_ids", const("zero_i64", np.array(0, np.int64))]),
+                            const("one_i64", np.array(1, np.int64))])
+        positions = node("Sub", [node("CumSum", [ones, "one_i64"]), "one_i64"])
     else:
         seq_len = node("Gather", [node("Shape", ["input_ids"]), const("one_i64", np.array(1, np.int64))], axis=0)
         positions = node("Range", [const("zero_i64", np.array(0, np.int64)), seq_len, "one_i64"])

