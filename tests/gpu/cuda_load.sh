@@ -109,8 +109,15 @@ for tag in $layouts; do
   server=$!
   wait_port 7991
   start=$(date +%s.%N)
-  curl -s -o /dev/null -w "%{http_code}" -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"cold\"}" localhost:7991/v1/embeddings > /dev/null
-  echo "$tag$name: first answer after a cold start $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s" | tee -a "$OUT/load.txt"
+  code=$(curl -s -o /dev/null -w "%{http_code}" -H 'content-type: application/json' -d "{\"model\": \"minilm-$tag\", \"input\": \"cold\"}" localhost:7991/v1/embeddings)
+  echo "$tag$name: first answer after a cold start $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s, status $code" | tee -a "$OUT/load.txt"
+  # A model that does not load (a refused file, a missing runtime) has no
+  # shapes to wait for: its log's errors say why, and the next layout runs.
+  if [ "$code" != 200 ]; then
+    grep -m 3 ERROR "$OUT/load-$tag$name-server.log" | tee -a "$OUT/load.txt"
+    kill -TERM $server; wait $server
+    continue
+  fi
   sessions=$(grep -o '"cuda' <<< "$devices" | wc -l)
   for _ in $(seq $((${LOAD_WARM_SECONDS:-120} * 5))); do [ "${LOAD_WAIT_WARM:-1}" = 0 ] || [ "$(grep -c 'every GPU batch shape has run once' "$OUT/load-$tag$name-server.log")" -ge "$sessions" ] && break; sleep 0.2; done
   echo "$tag$name: every shape warmed on all $sessions sessions $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s after the cold start" | tee -a "$OUT/load.txt"
