@@ -15,6 +15,12 @@ that every engine reads.
   a text from the GPU, not every token's state; eeane's `normalize` stays
   outside. Pooling, the Dense modules and the RoPE angles stay fp32;
   everything else is fp16 (norms sum in fp32 inside their kernels).
+- **GELU in the epilogue.** The fp16 graph computes GELU in the tanh form
+  (com.microsoft's FastGelu) and hands each feed-forward matmul with its
+  bias and GELU to one ai.eeane.cuda:GemmFastGelu (cuBLASLt's GELU
+  epilogue, backends/onnxruntime/src/cuda_ops.rs): BiasGelu was 16 % of
+  all-MiniLM-L6-v2's kernel time on an H100. The fp16 check below is made
+  on the tanh graph just before that fusion (the CPU has no such operator).
 - **Checked twice on the CPU** before it is published: the fused fp32
   graph against the float64 numpy network (at 0.99999: fusion must not move
   the vectors) and the fp16 graph against the same (published at 0.9999;
@@ -31,6 +37,9 @@ from pathlib import Path
 import numpy as np
 
 GRAPH = "model.fp16.onnx"
+# What made a GPU graph: a Hub model prepared by another is prepared again
+# (since 2026-12-07: the feed-forward's GELU in cuBLASLt's epilogue).
+RECIPE = "gelu-epilogue"
 DATA = "model.fp16.onnx_data"
 # Pooling the graph can end in (eeane's names).
 POOLINGS = ("mean", "cls", "last_token")
@@ -101,6 +110,64 @@ def _fused_fp32(work, weights_folder, cfg, fp32_bytes, build_into):
     return path, how, lambda ids: bert_onnx.numpy_forward(weights, bert_cfg, ids), positions
 
 
+# eeane's own CUDA operators (backends/onnxruntime/src/cuda_ops.rs).
+EEANE_CUDA_DOMAIN = "ai.eeane.cuda"
+
+
+def tanh_gelu(model):
+    """Each BiasGelu (erf GELU, with its bias) becomes com.microsoft's
+    FastGelu (the tanh form, with the same bias): the function that
+    cuBLASLt's GELU epilogue computes, so that the CPU can check the graph
+    that `gemm_fast_gelu` then hands to that epilogue. Returns the count."""
+    count = 0
+    for node in model.graph.node:
+        if node.op_type == "BiasGelu" and node.domain == "com.microsoft":
+            node.op_type = "FastGelu"
+            count += 1
+    return count
+
+
+def gemm_fast_gelu(model):
+    """MatMul(X, W) feeding only FastGelu(·, bias), W [K, N] and bias [N]
+    fp16 initializers, becomes one ai.eeane.cuda:GemmFastGelu(X, W, bias):
+    the matmul whose epilogue adds the bias and applies GELU, so that the
+    GELU's input never goes through memory. The same function as the pair
+    (docs/performance.md gives the kernels' times). Returns the count."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    half = {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT16}
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    readers = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    graph_outputs = {o.name for o in graph.output}
+    fused, dropped = [], set()
+    for node in graph.node:
+        if node.op_type != "FastGelu" or len(node.input) != 2:
+            continue
+        matmul = producer.get(node.input[0])
+        if matmul is None or matmul.op_type != "MatMul" or readers.get(node.input[0]) != 1 or node.input[0] in graph_outputs:
+            continue
+        x, w = matmul.input
+        bias = node.input[1]
+        if w not in half or bias not in half or len(dims[w]) != 2 or dims[bias] != dims[w][1:]:
+            continue
+        fused.append((node, helper.make_node("GemmFastGelu", [x, w, bias], list(node.output), name=node.name or matmul.name, domain=EEANE_CUDA_DOMAIN)))
+        dropped.add(id(matmul))
+    if not fused:
+        return 0
+    replacement = {id(old): new for old, new in fused}
+    nodes = [replacement.get(id(n), n) for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    if not any(o.domain == EEANE_CUDA_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(EEANE_CUDA_DOMAIN, 1))
+    return len(fused)
+
+
 def _load(path, data=True):
     import onnx
 
@@ -166,6 +233,12 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
         if not fused32 >= 0.99999:
             raise SystemExit("the fused GPU graph drifts from the reference network; not publishing it")
         keep = fp32_nodes(path)
+        # GELU in the tanh form from here on (the fp32 graph above and the
+        # served model.onnx keep erf): the fp16 check below measures it.
+        model = _load(path, data=False)
+        gelus = tanh_gelu(model)
+        if gelus:
+            onnx.save_model(model, str(path))
         out = build_dir / GRAPH
         to_fp16(path, out, keep, build_dir / DATA if fp32_bytes // 2 >= external_min_bytes else None)
         checks = {"attention": attention, "pooling_in_graph": pooling, "fused_fp32_min_cosine_vs_numpy_float64": fused32}
@@ -174,16 +247,57 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
         except Exception as e:  # noqa: BLE001 - an older CPU runtime without these fp16 kernels
             # The card's survey still gates it against the fp32 graph.
             print(f"GPU graph, fp16: this ONNX Runtime cannot run it on the CPU ({e}); the survey on the card checks it")
-            return {"graph": GRAPH, **checks, "fp16_on_cpu": f"not run: {e}"}
+            return {"graph": GRAPH, **checks, **_epilogues(out, gelus), "fp16_on_cpu": f"not run: {e}"}
         print(f"GPU graph, fp16 (ONNX Runtime on the CPU) vs numpy float64: min cosine {half:.8f}")
         checks["fp16_min_cosine_vs_numpy_float64_on_cpu"] = half
         if not half >= 0.9999:
             out.unlink()
             (build_dir / DATA).unlink(missing_ok=True)
             return {"graph": None, "why": f"fp16 min cosine {half:.6f} < 0.9999 on the check texts", **checks}
-        return {"graph": GRAPH, **checks}
+        return {"graph": GRAPH, **checks, **_epilogues(out, gelus)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def expand_gemm_fast_gelu(model, gelu="FastGelu"):
+    """`gemm_fast_gelu` undone: each ai.eeane.cuda:GemmFastGelu back to
+    MatMul and com.microsoft's `gelu` (FastGelu, the same function; BiasGelu,
+    the erf form the graph had before), for a runtime without eeane's
+    operator: the CPU, or a measurement against the unfused graph. Returns
+    the count."""
+    from onnx import helper
+
+    nodes, count = [], 0
+    for node in model.graph.node:
+        if node.op_type == "GemmFastGelu" and node.domain == EEANE_CUDA_DOMAIN:
+            x, w, bias = node.input
+            product = node.output[0] + "_matmul"
+            nodes.append(helper.make_node("MatMul", [x, w], [product], name=node.name + "_matmul"))
+            nodes.append(helper.make_node(gelu, [product, bias], list(node.output), name=node.name, domain="com.microsoft"))
+            count += 1
+        else:
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    kept = [o for o in model.opset_import if o.domain != EEANE_CUDA_DOMAIN]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+    return count
+
+
+def _epilogues(graph, gelus):
+    """The checked fp16 graph at `graph` with its feed-forward matmuls
+    handed to cuBLASLt's GELU epilogue (`gemm_fast_gelu`), after the CPU
+    check, which cannot run eeane's operator; what goes into the manifest."""
+    if not gelus:
+        return {}
+    import onnx
+
+    model = _load(graph, data=False)
+    fused = gemm_fast_gelu(model)
+    onnx.save_model(model, str(graph))
+    print(f"GPU graph: GELU in the tanh form ({gelus} layers), {fused} matmuls with cuBLASLt's GELU epilogue")
+    return {"gelu": "tanh (FastGelu)", "gemm_fast_gelu": fused}
 
 
 def fp32_nodes(path):

@@ -98,25 +98,41 @@ fn gpu_variants_are_prepared_and_checked_on_the_cpu() {
     assert!(dir.join("manifest.json").exists(), "{} is missing: run `bash tests/run.sh`", dir.display());
     let manifest: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
     let checks = &manifest["checks"];
-    // One fused attention per layer, SkipLayerNormalization and BiasGelu.
+    // One fused attention per layer, SkipLayerNormalization and BiasGelu;
+    // in the fp16 graph each layer's GELU in its matmul's epilogue.
     assert_eq!(checks["fused_operators"]["Attention"], 6, "{checks}");
     assert!(checks["fused_operators"]["SkipLayerNormalization"].as_u64().unwrap() >= 12, "{checks}");
     assert!(checks["fp32_min_cosine_vs_numpy_float64"].as_f64().unwrap() >= 0.99999, "{checks}");
     assert!(checks["fp16_min_cosine_vs_numpy_float64"].as_f64().unwrap() >= 0.9999, "{checks}");
+    assert_eq!(checks["gemm_fast_gelu"], 6, "{checks}");
     assert!(manifest["files"].get("model.fp16.onnx").is_some(), "the fp16 variant passed its check and is published: {manifest}");
 
-    // Both variants served on the CPU (the fused operators have CPU kernels),
-    // held against the Python reference of the plain fp32 model.
+    // The fp32 graph served on the CPU (the fused operators have CPU
+    // kernels), and the fp16 graph in the CPU's form (its one CUDA-only
+    // operator written back as MatMul + FastGelu, the same function), held
+    // against the Python reference of the plain fp32 model. The published
+    // fp16 graph itself is refused on the CPU, naming the fix, while the
+    // others serve.
+    let work = tempfile::tempdir().unwrap();
+    let (fp16_for_the_cpu, written_back) = common::gpu_graph_for_the_cpu(&dir.join("model.fp16.onnx"), work.path());
+    assert_eq!(written_back, 6);
     let texts = fixture_texts();
     let expected = reference(&texts, 256);
-    let entry = |id: &str, file: &str| {
+    let entry = |id: &str, file: &Path| {
         format!(
             "[[models]]\nid = \"{id}\"\nengine = \"onnxruntime\"\nmodel = \"{}\"\ntokenizer = \"{}\"\npooling = \"none\"\nmax_tokens = 256\n",
-            dir.join(file).display(),
+            file.display(),
             dir.join("tokenizer.json").display()
         )
     };
-    let server = Server::start(Some(&format!("{}{}", entry("fused-fp32", "model.onnx"), entry("fused-fp16", "model.fp16.onnx"))), &[]);
+    let config = [("fused-fp32", dir.join("model.onnx")), ("fused-fp16", fp16_for_the_cpu), ("gpu-graph-on-the-cpu", dir.join("model.fp16.onnx"))]
+        .map(|(id, file)| entry(id, &file))
+        .concat();
+    let server = Server::start(Some(&config), &[]);
+    let (status, body) = server.post("/v1/embeddings", &json!({"model": "gpu-graph-on-the-cpu", "input": ["one text"]}));
+    assert_eq!(status, 503, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("made for CUDA devices") && message.contains("model.onnx beside it"), "{message}");
     for (id, floor) in [("fused-fp32", 0.99999), ("fused-fp16", 0.9999)] {
         let vectors = server.embed(json!(texts), json!({"model": id}));
         let worst = vectors.iter().zip(&expected.vectors).map(|(v, r)| cosine(v, r)).fold(f64::INFINITY, f64::min);

@@ -386,10 +386,13 @@ fn families_built_from_safetensors_serve_sentence_transformers_vectors() {
         assert_eq!(gpu["graph"], "model.fp16.onnx", "{family}: {gpu}");
         let fused = gpu["attention"].as_str().unwrap();
         assert!(fused.contains("Attention") || (family == "mpnet-tiny" && fused.starts_with("unfused")), "{family}: {gpu}");
-        config += &format!(
-            "[[models]]\nid = \"{family}-gpu-graph\"\nsource = \"hf:eeane-test/{family}\"\nmodel = \"{}\"\npooling = \"none\"\n",
-            prepared.join("model.fp16.onnx").display()
-        );
+        // The CPU's form of the GPU graph: eeane's CUDA operator written back.
+        let cpu_dir = home.path().join(format!("{family}-gpu-graph"));
+        std::fs::create_dir_all(&cpu_dir).unwrap();
+        let (graph, written_back) = common::gpu_graph_for_the_cpu(&prepared.join("model.fp16.onnx"), &cpu_dir);
+        assert_eq!(written_back as u64, gpu["gemm_fast_gelu"].as_u64().unwrap_or(0), "{family}: {gpu}");
+        config +=
+            &format!("[[models]]\nid = \"{family}-gpu-graph\"\nsource = \"hf:eeane-test/{family}\"\nmodel = \"{}\"\npooling = \"none\"\n", graph.display());
     }
     // Seven decoders pool by their last token; the encoders by the mean, and
     // Gemma3 by the mean inside its graph, before its Dense modules.
@@ -635,8 +638,13 @@ fn dense_modules_and_camembert_serve_what_the_repository_declares() {
         assert_eq!(gpu["graph"], "model.fp16.onnx", "{repo}: {gpu}");
         assert!(gpu["attention"].as_str().unwrap().starts_with("Attention"), "{repo}: {gpu}");
         let id = format!("{}-gpu-graph", repo.trim_start_matches("eeane-test/"));
-        config +=
-            &format!("[[models]]\nid = \"{id}\"\nsource = \"hf:{repo}\"\nmodel = \"{}\"\npooling = \"none\"\n", prepared.join("model.fp16.onnx").display());
+        // The CPU's form of the GPU graph: each feed-forward's matmul with its
+        // GELU in cuBLASLt's epilogue, written back as MatMul + FastGelu.
+        let cpu_dir = home.path().join(&id);
+        std::fs::create_dir_all(&cpu_dir).unwrap();
+        let (graph, written_back) = common::gpu_graph_for_the_cpu(&prepared.join("model.fp16.onnx"), &cpu_dir);
+        assert!(written_back > 0 && written_back as u64 == gpu["gemm_fast_gelu"].as_u64().unwrap(), "{repo}: {written_back}, {gpu}");
+        config += &format!("[[models]]\nid = \"{id}\"\nsource = \"hf:{repo}\"\nmodel = \"{}\"\npooling = \"none\"\n", graph.display());
         gpu_graphs.push((id, repo));
     }
     assert!(config.contains("pooling = \"none\"  # 1_Pooling/config.json (mean) and 2_Dense"), "{config}");

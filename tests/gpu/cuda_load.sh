@@ -34,7 +34,8 @@ export EEANE_CACHE_DIR=$root/cache
 [ -x "$eeane" ] || { echo "run EEANE_CUDA_SETUP_ONLY=1 bash tests/gpu/cuda.sh first"; exit 3; }
 command -v wrk > /dev/null || { echo "wrk is missing on this machine"; exit 3; }
 ulimit -n 65536 2>/dev/null
-model_dir=$root/cache/models/all-minilm-l6-v2-cuda
+# LOAD_MODEL_DIR: another prepared folder of the model (tests/gpu/unfused_twin.py).
+model_dir=${LOAD_MODEL_DIR:-$root/cache/models/all-minilm-l6-v2-cuda}
 entry() {  # id, device list, extra lines
   printf '[[models]]\nid = "%s"\nengine = "onnxruntime"\nmodel = "%s/model.fp16.onnx"\ntokenizer = "%s/tokenizer.json"\nmax_tokens = 256\nprecision = "fp16"\ndevice = %s\nmax_batch = 256\nmax_batch_tokens = 65536\npooling = "none"\nbuckets = [{ max_tokens = 64, max_batch = 256 }, { max_tokens = 128, max_batch = 256 }]\n%b\n' \
     "$1" "$model_dir" "$model_dir" "$2" "$3"

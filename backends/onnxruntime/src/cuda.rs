@@ -23,9 +23,11 @@ const INSTALL: &str = "`eeane pull all-minilm-l6-v2-cuda`, or `EEANE_EXTRA_MODEL
 /// The provider library that the CUDA build loads from beside itself.
 const PROVIDER: &str = "libonnxruntime_providers_cuda.so";
 
+const CUBLAS_LT: &str = "libcublasLt.so.13";
+
 /// What the CUDA provider links against or loads, dependencies first (a
 /// library loaded here by path satisfies a later lookup of its soname).
-const CUDA_LIBRARIES: &[&str] = &["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13", "libcurand.so.10", "libcufft.so.12"];
+const CUDA_LIBRARIES: &[&str] = &["libcudart.so.13", CUBLAS_LT, "libcublas.so.13", "libcurand.so.10", "libcufft.so.12"];
 const CUDNN_LIBRARIES: &[&str] = &[
     "libcudnn.so.9",
     "libcudnn_graph.so.9",
@@ -345,6 +347,11 @@ pub fn preload(runtime: &Path) -> Result<(), EngineError> {
             Ok(())
         })
         .clone()
+}
+
+/// libcublasLt's path, the one `preload` loads for the CUDA provider.
+pub fn cublas_lt(runtime: &Path) -> Result<PathBuf, EngineError> {
+    locate(CUBLAS_LT, &library_dirs(runtime)).ok_or_else(|| EngineError::Runtime(format!("{CUBLAS_LT} not found")))
 }
 
 /// CUDA's device ordinal for an NVML GPU, matched by PCI bus id through the

@@ -5,6 +5,7 @@
 //! `onnxruntime-gpu` wheel's, with the CUDA execution provider (cuda.rs).
 
 pub mod cuda;
+mod cuda_ops;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -228,6 +229,10 @@ const GPU_SEQ_STEP: usize = 16;
 /// batches at every length step to save a little padding.
 const GPU_CALL_COST_TOKENS: usize = 1024;
 
+/// Whether a CUDA session of this process has put eeane's operator domain
+/// (cuda_ops.rs) into ONNX's table of domains.
+static CUDA_DOMAIN_ADDED: Mutex<bool> = Mutex::new(false);
+
 /// Loads `spec.model_path` on the CPU execution provider.
 fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let options: OnnxRuntimeOptions = spec.options.typed()?;
@@ -277,8 +282,34 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         builder = builder
             .with_execution_providers([provider])
             .map_err(|e| EngineError::Device(format!("the CUDA execution provider cannot start on device {ordinal}: {e}")))?;
+        builder = builder.with_operators(cuda_ops::domain(&cuda::cublas_lt(library)?)?).map_err(|e| model_err(e.into()))?;
     }
-    let session = builder.commit_from_file(&spec.model_path).map_err(model_err)?;
+    let session = if gpu.is_some() {
+        // ONNX keeps one process-wide table of operator domains, and ONNX
+        // Runtime adds a session's custom domain to it when absent, without
+        // a lock: eight CUDA sessions committed at once raced there, and one
+        // failed ("the domain is already exist"). The first commits alone.
+        let mut added = CUDA_DOMAIN_ADDED.lock().unwrap_or_else(|e| e.into_inner());
+        if *added {
+            drop(added);
+            builder.commit_from_file(&spec.model_path)
+        } else {
+            let session = builder.commit_from_file(&spec.model_path);
+            *added = session.is_ok();
+            session
+        }
+    } else {
+        builder.commit_from_file(&spec.model_path)
+    };
+    let session = session.map_err(|e| match gpu {
+        // The GPU's graph (model.fp16.onnx of a CUDA-prepared model) on the CPU.
+        None if e.to_string().contains(cuda_ops::DOMAIN) => EngineError::Model(format!(
+            "{}: this graph is made for CUDA devices (it uses eeane's {} operators, which run on NVIDIA GPUs only); on the CPU serve the model.onnx beside it, or put the model on device = \"cuda:<GPU name>\"",
+            spec.model_path.display(),
+            cuda_ops::DOMAIN
+        )),
+        _ => model_err(e),
+    })?;
 
     let input_names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
     for required in ["input_ids", "attention_mask"] {
