@@ -144,25 +144,32 @@ def gemm_fast_gelu(model):
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
     graph_outputs = {o.name for o in graph.output}
+    # An initializer that a graph input of the same name can override is not a constant.
+    graph_inputs = {i.name for i in graph.input}
     fused, dropped = [], set()
     for node in graph.node:
-        if node.op_type != "FastGelu" or len(node.input) != 2:
+        if node.op_type != "FastGelu" or node.domain != "com.microsoft" or len(node.input) != 2:
             continue
         matmul = producer.get(node.input[0])
         if matmul is None or matmul.op_type != "MatMul" or readers.get(node.input[0]) != 1 or node.input[0] in graph_outputs:
             continue
         x, w = matmul.input
         bias = node.input[1]
-        if w not in half or bias not in half or len(dims[w]) != 2 or dims[bias] != dims[w][1:]:
+        if w not in half or bias not in half or {w, bias} & graph_inputs or len(dims[w]) != 2 or dims[bias] != dims[w][1:]:
             continue
         fused.append((node, helper.make_node("GemmFastGelu", [x, w, bias], list(node.output), name=node.name or matmul.name, domain=EEANE_CUDA_DOMAIN)))
         dropped.add(id(matmul))
     if not fused:
         return 0
     replacement = {id(old): new for old, new in fused}
+    gone = {out for n in graph.node if id(n) in dropped for out in n.output}
     nodes = [replacement.get(id(n), n) for n in graph.node if id(n) not in dropped]
     del graph.node[:]
     graph.node.extend(nodes)
+    # The matmuls' outputs no longer exist: their recorded types go too.
+    kept = [v for v in graph.value_info if v.name not in gone]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
     if not any(o.domain == EEANE_CUDA_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(EEANE_CUDA_DOMAIN, 1))
     return len(fused)

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::Path;
-use std::ptr::{self, NonNull};
+use std::ptr;
 use std::sync::OnceLock;
 
 use cudarc::cublaslt::sys::{
@@ -246,19 +246,25 @@ impl GemmFastGeluKernel {
             // SAFETY: layouts this kernel owns (destroyed in Drop), and the
             // heuristic's out-pointers.
             unsafe {
-                check("cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.w, cudaDataType::CUDA_R_16F, n, k, n as i64))?;
-                check("cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.x, cudaDataType::CUDA_R_16F, k, m, k as i64))?;
-                check("cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.y, cudaDataType::CUDA_R_16F, n, m, n as i64))?;
-                let mut found = std::mem::zeroed::<cublasLtMatmulHeuristicResult_t>();
-                let mut count = 0;
-                let status = (lt.heuristic)(self.handle, self.desc, plan.w, plan.x, plan.y, plan.y, self.pref, 1, &mut found, &mut count);
-                if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS || count == 0 {
-                    for layout in [plan.w, plan.x, plan.y] {
+                let made = check("cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.w, cudaDataType::CUDA_R_16F, n, k, n as i64))
+                    .and_then(|()| check("cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.x, cudaDataType::CUDA_R_16F, k, m, k as i64)))
+                    .and_then(|()| check("cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.y, cudaDataType::CUDA_R_16F, n, m, n as i64)))
+                    .and_then(|()| {
+                        let mut found = std::mem::zeroed::<cublasLtMatmulHeuristicResult_t>();
+                        let mut count = 0;
+                        let status = (lt.heuristic)(self.handle, self.desc, plan.w, plan.x, plan.y, plan.y, self.pref, 1, &mut found, &mut count);
+                        if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS || count == 0 {
+                            return Err(ort::Error::new(format!("{DOMAIN}:GemmFastGelu: cuBLASLt has no algorithm for [{m}, {k}]·[{k}, {n}] ({status:?})")));
+                        }
+                        plan.algo = found.algo;
+                        Ok(())
+                    });
+                if let Err(e) = made {
+                    for layout in [plan.w, plan.x, plan.y].into_iter().filter(|l| !l.is_null()) {
                         (lt.layout_destroy)(layout);
                     }
-                    return Err(ort::Error::new(format!("{DOMAIN}:GemmFastGelu: cuBLASLt has no algorithm for [{m}, {k}]·[{k}, {n}] ({status:?})")));
+                    return Err(e);
                 }
-                plan.algo = found.algo;
             }
             self.plans.insert((m, k, n), plan);
         }
@@ -287,7 +293,9 @@ impl Kernel for GemmFastGeluKernel {
         if m == 0 {
             return Ok(());
         }
-        let stream = ctx.stream()?.map_or(ptr::null_mut(), NonNull::as_ptr).cast();
+        // ONNX Runtime's stream for this session: the default stream would
+        // not be ordered with the provider's kernels.
+        let stream = ctx.stream()?.ok_or_else(|| ort::Error::new("GemmFastGelu: the CUDA provider gave no compute stream"))?.as_ptr().cast();
         let (x_ptr, w_ptr, bias_ptr, y_ptr) = (x.data_ptr(), w.data_ptr(), bias.data_ptr(), y.data_ptr().cast_mut());
         let (handle, desc, workspace) = (self.handle, self.desc, self.workspace);
         let plan = self.plan(lt, m as u64, k as u64, n as u64)?;
