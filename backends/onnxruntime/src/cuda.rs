@@ -23,6 +23,7 @@ const INSTALL: &str = "`eeane pull all-minilm-l6-v2-cuda`, or `EEANE_EXTRA_MODEL
 /// The provider library that the CUDA build loads from beside itself.
 const PROVIDER: &str = "libonnxruntime_providers_cuda.so";
 
+/// cuBLASLt: the CUDA provider's matmuls, and eeane's own operator's (cuda_ops.rs).
 const CUBLAS_LT: &str = "libcublasLt.so.13";
 
 /// What the CUDA provider links against or loads, dependencies first (a

@@ -233,7 +233,8 @@ const GPU_CALL_COST_TOKENS: usize = 1024;
 /// (cuda_ops.rs) into ONNX's table of domains.
 static CUDA_DOMAIN_ADDED: Mutex<bool> = Mutex::new(false);
 
-/// Loads `spec.model_path` on the CPU execution provider.
+/// Loads `spec.model_path` on the CPU, or on a CUDA GPU through the CUDA
+/// execution provider with eeane's operators (cuda_ops.rs) registered.
 fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let options: OnnxRuntimeOptions = spec.options.typed()?;
     let library = spec.runtime_library.as_deref().ok_or_else(no_library)?;
