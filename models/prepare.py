@@ -372,9 +372,10 @@ def prepare_minilm_cuda(cache):
     flash or memory-efficient attention on sm80+, SkipLayerNormalization,
     BiasGelu), written in fp32 (model.onnx) and fp16 (model.fp16.onnx, inputs
     and outputs kept int64/float32, its GELU in the tanh form inside
-    cuBLASLt's epilogue: gpu_graph.gemm_fast_gelu). Each variant is checked on the CPU
-    against the float64 numpy network before it is published, and its cosine
-    goes into the manifest; an fp16 variant under 0.9999 is not published."""
+    cuBLASLt's epilogue: gpu_graph.gemm_fast_gelu). Each variant is checked
+    on the CPU against the float64 numpy network before it is published, and
+    its cosine goes into the manifest; an fp16 variant under 0.9999 is not
+    published."""
     import onnx
     from onnxruntime.transformers.optimizer import optimize_model
     from safetensors.numpy import load_file
