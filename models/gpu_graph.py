@@ -254,14 +254,14 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
         except Exception as e:  # noqa: BLE001 - an older CPU runtime without these fp16 kernels
             # The card's survey still gates it against the fp32 graph.
             print(f"GPU graph, fp16: this ONNX Runtime cannot run it on the CPU ({e}); the survey on the card checks it")
-            return {"graph": GRAPH, **checks, **_epilogues(out, gelus), "fp16_on_cpu": f"not run: {e}"}
+            return {"graph": GRAPH, **checks, **epilogues(out, gelus), "fp16_on_cpu": f"not run: {e}"}
         print(f"GPU graph, fp16 (ONNX Runtime on the CPU) vs numpy float64: min cosine {half:.8f}")
         checks["fp16_min_cosine_vs_numpy_float64_on_cpu"] = half
         if not half >= 0.9999:
             out.unlink()
             (build_dir / DATA).unlink(missing_ok=True)
             return {"graph": None, "why": f"fp16 min cosine {half:.6f} < 0.9999 on the check texts", **checks}
-        return {"graph": GRAPH, **checks, **_epilogues(out, gelus)}
+        return {"graph": GRAPH, **checks, **epilogues(out, gelus)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -292,7 +292,7 @@ def expand_gemm_fast_gelu(model, gelu="FastGelu"):
     return count
 
 
-def _epilogues(graph, gelus):
+def epilogues(graph, gelus):
     """The checked fp16 graph at `graph` with its feed-forward matmuls
     handed to cuBLASLt's GELU epilogue (`gemm_fast_gelu`), after the CPU
     check, which cannot run eeane's operator; what goes into the manifest."""

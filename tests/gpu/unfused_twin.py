@@ -6,7 +6,6 @@ For the A/B of tests/gpu/cuda_load.sh (LOAD_MODEL_DIR).
 
     python tests/gpu/unfused_twin.py SRC_DIR DST_DIR
 """
-import hashlib
 import json
 import shutil
 import sys
@@ -16,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
 import onnx  # noqa: E402
 
 import gpu_graph  # noqa: E402
+from torch_bin import sha256  # noqa: E402  the manifests' one way to hash a file
 
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 shutil.rmtree(dst, ignore_errors=True)
@@ -25,6 +25,6 @@ model = onnx.load(str(graph), load_external_data=False)
 count = gpu_graph.expand_gemm_fast_gelu(model, gelu="BiasGelu")
 onnx.save_model(model, str(graph))
 manifest = json.loads((dst / "manifest.json").read_text())
-manifest["files"][gpu_graph.GRAPH] = hashlib.sha256(graph.read_bytes()).hexdigest()
+manifest["files"][gpu_graph.GRAPH] = sha256(graph)
 (dst / "manifest.json").write_text(json.dumps(manifest, indent=2))
 print(f"{dst}: {count} GemmFastGelu written back to MatMul + BiasGelu")
