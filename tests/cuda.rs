@@ -63,6 +63,11 @@ fn check_config_names_what_a_machine_without_cuda_lacks() {
     let (code, stderr) = check_config(&cuda_entry("by-index", "").replace("cuda:H200", "cuda:0"));
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("not by an index"), "{stderr}");
+
+    // So is a CUDA graph size out of range, by its key.
+    let (code, stderr) = check_config(&cuda_entry("graphs", "cuda_graph_rows = 0"));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("cuda_graph_rows = 0: it takes 1 to 256 rows"), "{stderr}");
 }
 
 #[test]

@@ -71,9 +71,11 @@ only=""; [ "$device" = cpu ] && only=--reference-only
 [ -n "${EEANE_CUDA_NO_TORCH:-}" ] || $py tests/gpu/torch_peer.py "$root/texts.json" "$model_dir.torch" "$root/cache/models/all-minilm-l6-v2/model.onnx" "$root/run" $only > "$OUT/torch.json" 2> /tmp/torch.err
 echo "torch exit $?"; cat "$OUT/torch.json"; tail -5 /tmp/torch.err
 
+# EEANE_CUDA_ENTRY: more lines for every model's entry (an engine option, e.g.
+# "cuda_graph_rows = 64").
 model() {  # id, file, precision, device list, extra
   printf '[[models]]\nid = "%s"\nengine = "onnxruntime"\nmodel = "%s/%s"\ntokenizer = "%s/tokenizer.json"\nmax_tokens = 256\nprecision = "%s"\ndevice = %s\nmax_batch = 256\nmax_batch_tokens = 65536\npooling = "none"\nbuckets = [{ max_tokens = 64, max_batch = 256 }, { max_tokens = 128, max_batch = 256 }]\n%b\n' \
-    "$1" "$model_dir" "$2" "$model_dir" "$3" "$4" "$5"
+    "$1" "$model_dir" "$2" "$model_dir" "$3" "$4" "$5${EEANE_CUDA_ENTRY:+\n$EEANE_CUDA_ENTRY}"
 }
 one="\"$device\""; two="[\"$device\", \"$device\"]"
 {

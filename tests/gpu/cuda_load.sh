@@ -143,7 +143,7 @@ PY
 has "$steps" stop || exit 0
 for tag in ${STOP_LAYOUTS:-x8-thread x4-process}; do
   n=${tag#x}; n=${n%-*}
-  { header 7991; entry "minilm-$tag" "[$(sessions_on "$n")]" "$([[ $tag == *-thread ]] && echo 'isolation = "thread"')"; } > "$root/load-$tag.toml"
+  { header 7991; entry "minilm-$tag" "[$(sessions_on "$n")]" "$([[ $tag == *-thread ]] && echo 'isolation = "thread"')${LOAD_ENTRY:+\n$LOAD_ENTRY}"; } > "$root/load-$tag.toml"
   sed "s/id = \"minilm-$tag\"/id = \"m\"/" "$root/load-$tag.toml" > "$root/stop-$tag.toml"
   for attempt in 1 2 3 4 5; do
     "$eeane" serve --config "$root/stop-$tag.toml" > "$OUT/stop-$tag-$attempt.log" 2>&1 &

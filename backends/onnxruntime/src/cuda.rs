@@ -26,9 +26,12 @@ const PROVIDER: &str = "libonnxruntime_providers_cuda.so";
 /// cuBLASLt: the CUDA provider's matmuls, and eeane's own operator's (cuda_ops.rs).
 const CUBLAS_LT: &str = "libcublasLt.so.13";
 
+/// The CUDA runtime: the provider's, and the copies around a CUDA graph's replay (cuda_graphs.rs).
+const CUDART: &str = "libcudart.so.13";
+
 /// What the CUDA provider links against or loads, dependencies first (a
 /// library loaded here by path satisfies a later lookup of its soname).
-const CUDA_LIBRARIES: &[&str] = &["libcudart.so.13", CUBLAS_LT, "libcublas.so.13", "libcurand.so.10", "libcufft.so.12"];
+const CUDA_LIBRARIES: &[&str] = &[CUDART, CUBLAS_LT, "libcublas.so.13", "libcurand.so.10", "libcufft.so.12"];
 const CUDNN_LIBRARIES: &[&str] = &[
     "libcudnn.so.9",
     "libcudnn_graph.so.9",
@@ -353,6 +356,11 @@ pub fn preload(runtime: &Path) -> Result<(), EngineError> {
 /// libcublasLt's path, the one `preload` loads for the CUDA provider.
 pub fn cublas_lt(runtime: &Path) -> Result<PathBuf, EngineError> {
     locate(CUBLAS_LT, &library_dirs(runtime)).ok_or_else(|| EngineError::Runtime(format!("{CUBLAS_LT} not found")))
+}
+
+/// libcudart's path, the one `preload` loads for the CUDA provider.
+pub fn cudart(runtime: &Path) -> Result<PathBuf, EngineError> {
+    locate(CUDART, &library_dirs(runtime)).ok_or_else(|| EngineError::Runtime(format!("{CUDART} not found")))
 }
 
 /// CUDA's device ordinal for an NVML GPU, matched by PCI bus id through the

@@ -1,0 +1,325 @@
+//! CUDA graphs for a CUDA session's small batches (`cuda_graph_rows`): each
+//! batch shape up to that many rows is captured once as a CUDA graph and
+//! then replayed with one launch, in place of the hundred-odd kernels ONNX
+//! Runtime's executor launches one by one.
+//!
+//! Why: one text a request makes batches of about 44-58 rows, and on an H100
+//! such a call cost about 2 ms of host time (launches, the executor's
+//! bookkeeping) beside about 1 ms of the card's (docs/performance.md "One text
+//! a request: what a call costs the host"). A replay costs the host one
+//! launch. Bulk batches (more rows) run as before: graphs saved them 1-4 %.
+//!
+//! How ONNX Runtime 1.31's CUDA provider does graphs, which shapes this code:
+//! - a run annotated with `gpu_graph_id = N` is captured into graph N on its
+//!   third run (two plain runs first, for the arena to grow), and from then
+//!   on replays graph N without looking at its inputs: each shape has its
+//!   own id and its own input and output buffers on the card, bound once,
+//!   which the host fills and reads around a replay;
+//! - `gpu_graph_id = -1` runs plainly: every other batch;
+//! - the graphs live in the calling thread's context: an engine captures and
+//!   replays on its own thread (`warm_next` and `run` share it);
+//! - capture is in CUDA's global mode, where another thread's CUDA
+//!   allocation, synchronous copy or stream wait fails and breaks the
+//!   capture: every CUDA session of this process runs, loads and drops
+//!   holding `CUDA_WORK` shared, and a capture holds it alone.
+//!
+//! The CUDA runtime is the one the CUDA provider loads (`cuda::preload`),
+//! opened here by the same path.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::path::Path;
+use std::ptr;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard};
+
+use eeane_backend_core::EngineError;
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::{IoBinding, RunOptions, Session};
+use ort::value::Tensor;
+
+/// Held shared by every CUDA session's work in this process (load, run,
+/// drop), and alone by a capture (see the module's notes).
+static CUDA_WORK: RwLock<()> = RwLock::new(());
+
+/// Holds off captures while this thread does CUDA work.
+pub fn shared_work() -> RwLockReadGuard<'static, ()> {
+    CUDA_WORK.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The run options of a plain run in a session with graphs on: without an
+/// id a run is graph 0's, and its third would be captured.
+pub fn plain_run() -> Result<RunOptions, EngineError> {
+    let mut options = RunOptions::new().map_err(|e| EngineError::Runtime(e.to_string()))?;
+    options.set("gpu_graph_id", "-1").map_err(|e| EngineError::Runtime(e.to_string()))?;
+    Ok(options)
+}
+
+type CudaError = c_int;
+type Stream = *mut c_void;
+const MEMCPY_HOST_TO_DEVICE: c_int = 1;
+const MEMCPY_DEVICE_TO_HOST: c_int = 2;
+const STREAM_NON_BLOCKING: c_uint = 1;
+
+/// The CUDA runtime's entry points this module calls, with their C signatures.
+struct Cudart {
+    _library: libloading::Library,
+    set_device: unsafe extern "C" fn(c_int) -> CudaError,
+    stream_create: unsafe extern "C" fn(*mut Stream, c_uint) -> CudaError,
+    stream_destroy: unsafe extern "C" fn(Stream) -> CudaError,
+    stream_synchronize: unsafe extern "C" fn(Stream) -> CudaError,
+    memcpy_async: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, Stream) -> CudaError,
+    error_string: unsafe extern "C" fn(CudaError) -> *const c_char,
+}
+
+static CUDART: OnceLock<Result<Cudart, EngineError>> = OnceLock::new();
+
+fn cudart(path: &Path) -> Result<&'static Cudart, EngineError> {
+    CUDART
+        .get_or_init(|| {
+            let fail = |m: String| EngineError::Runtime(format!("the CUDA runtime ({}): {m}", path.display()));
+            // SAFETY: the CUDA runtime's documented entry points with their C
+            // signatures; the library stays loaded for the process.
+            unsafe {
+                let library = libloading::Library::new(path).map_err(|e| fail(e.to_string()))?;
+                macro_rules! function {
+                    ($name:literal) => {
+                        *library.get(concat!($name, "\0").as_bytes()).map_err(|e| fail(e.to_string()))?
+                    };
+                }
+                Ok(Cudart {
+                    set_device: function!("cudaSetDevice"),
+                    stream_create: function!("cudaStreamCreateWithFlags"),
+                    stream_destroy: function!("cudaStreamDestroy"),
+                    stream_synchronize: function!("cudaStreamSynchronize"),
+                    memcpy_async: function!("cudaMemcpyAsync"),
+                    error_string: function!("cudaGetErrorString"),
+                    _library: library,
+                })
+            }
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+impl Cudart {
+    fn check(&self, what: &str, status: CudaError) -> Result<(), EngineError> {
+        if status == 0 {
+            return Ok(());
+        }
+        // SAFETY: cudaGetErrorString returns a static C string for any code.
+        let text = unsafe { CStr::from_ptr((self.error_string)(status)) }.to_string_lossy();
+        Err(EngineError::Inference(format!("CUDA graphs: {what}: {text} ({status})")))
+    }
+}
+
+/// One captured shape: its buffers on the card, bound once, and its graph's id.
+struct Shape {
+    inputs: Vec<Tensor<i64>>,
+    output: Tensor<f32>,
+    binding: IoBinding,
+    options: RunOptions,
+}
+
+/// A session's graphs, one a shape, for batches of up to `max_rows` rows.
+pub struct Graphs {
+    cudart: &'static Cudart,
+    ordinal: i32,
+    /// For the copies in and out, which must be done before the replay
+    /// starts and after it ends (a stream of its own, not the legacy default
+    /// stream, so that it waits for no other session).
+    stream: Stream,
+    pub max_rows: usize,
+    dim: usize,
+    output_name: String,
+    input_names: Vec<&'static str>,
+    allocator: Allocator,
+    shapes: HashMap<(usize, usize), Shape>,
+    /// Shapes whose replay did not match their plain run: they run plainly.
+    refused: Vec<(usize, usize)>,
+    /// A capture failed: every batch runs plainly from then on.
+    failed: bool,
+}
+
+// SAFETY: the stream is a CUDA handle used only by the engine that owns these
+// graphs, from one thread at a time (`Engine` methods take `&mut self`).
+unsafe impl Send for Graphs {}
+
+/// A captured replay's vectors against the plain run's, per row: below this
+/// the capture is refused (the two run the same kernels on the same data).
+const CAPTURE_MIN_COSINE: f64 = 0.99999;
+
+impl Graphs {
+    /// Graphs for `session`, whose output `output_name` is `[rows, dim]`;
+    /// `runtime` is the ONNX Runtime library the CUDA libraries sit beside.
+    pub fn new(
+        session: &Session,
+        runtime: &Path,
+        ordinal: i32,
+        max_rows: usize,
+        output_name: &str,
+        dim: usize,
+        input_names: Vec<&'static str>,
+    ) -> Result<Self, EngineError> {
+        let cudart = cudart(&crate::cuda::cudart(runtime)?)?;
+        let memory =
+            MemoryInfo::new(AllocationDevice::CUDA, ordinal, AllocatorType::Device, MemoryType::Default).map_err(|e| EngineError::Runtime(e.to_string()))?;
+        let allocator = Allocator::new(session, memory).map_err(|e| EngineError::Runtime(format!("CUDA graphs: the session's allocator: {e}")))?;
+        let mut stream = ptr::null_mut();
+        // SAFETY: an out-pointer for a stream these graphs own, destroyed in Drop.
+        unsafe {
+            cudart.check("cudaSetDevice", (cudart.set_device)(ordinal))?;
+            cudart.check("cudaStreamCreateWithFlags", (cudart.stream_create)(&mut stream, STREAM_NON_BLOCKING))?;
+        }
+        Ok(Graphs {
+            cudart,
+            ordinal,
+            stream,
+            max_rows,
+            dim,
+            output_name: output_name.to_string(),
+            input_names,
+            allocator,
+            shapes: HashMap::new(),
+            refused: Vec::new(),
+            failed: false,
+        })
+    }
+
+    /// Whether a batch of this shape (rows as the engine pads them) is to run
+    /// as a graph.
+    pub fn covers(&self, rows: usize, seq: usize) -> bool {
+        rows <= self.max_rows && !self.failed && !self.refused.contains(&(rows, seq))
+    }
+
+    /// How many shapes run as graphs.
+    pub fn count(&self) -> usize {
+        self.shapes.len()
+    }
+
+    /// Whether this shape has been captured.
+    pub fn captured(&self, rows: usize, seq: usize) -> bool {
+        self.shapes.contains_key(&(rows, seq))
+    }
+
+    /// Captures a shape with this process's other CUDA work held off, from
+    /// two sets of inputs of it (one `[rows, seq]` array per input name,
+    /// padded): two plain runs, `first` then `second`; the capture, with
+    /// `first` (ONNX Runtime replays it once); a replay with `second`. Each
+    /// replay must give its set's plain vectors, which shows that it reads
+    /// the buffers the host fills; a shape that does not runs plainly
+    /// (false).
+    /// A capture that fails turns this session's graphs off, with a warning.
+    pub fn capture(&mut self, session: &mut Session, rows: usize, seq: usize, first: &[Vec<i64>], second: &[Vec<i64>]) -> bool {
+        let _alone = CUDA_WORK.write().unwrap_or_else(|e| e.into_inner());
+        match self.try_capture(session, rows, seq, first, second) {
+            Ok(captured) => captured,
+            Err(e) => {
+                tracing::warn!(rows, seq, "CUDA graphs are off for this session, whose batches run plainly: {e}");
+                self.failed = true;
+                false
+            }
+        }
+    }
+
+    fn try_capture(&mut self, session: &mut Session, rows: usize, seq: usize, first: &[Vec<i64>], second: &[Vec<i64>]) -> Result<bool, EngineError> {
+        let fail = |e: ort::Error| EngineError::Inference(format!("CUDA graphs: capturing {rows}x{seq}: {e}"));
+        let mut shape_inputs = Vec::new();
+        let mut binding = session.create_binding().map_err(fail)?;
+        for name in &self.input_names {
+            let tensor = Tensor::<i64>::new(&self.allocator, [rows, seq]).map_err(fail)?;
+            binding.bind_input(*name, &tensor).map_err(fail)?;
+            shape_inputs.push(tensor);
+        }
+        let mut output = Tensor::<f32>::new(&self.allocator, [rows, self.dim]).map_err(fail)?;
+        binding.bind_output(self.output_name.as_str(), &mut output).map_err(fail)?;
+        let mut options = RunOptions::new().map_err(fail)?;
+        // Ids from 1: 0 is a run's without one.
+        options.set("gpu_graph_id", (self.shapes.len() + self.refused.len() + 1).to_string()).map_err(fail)?;
+        let mut shape = Shape { inputs: shape_inputs, output, binding, options };
+        let plain = [self.replay(session, &mut shape, first, rows)?, self.replay(session, &mut shape, second, rows)?];
+        let replayed = [self.replay(session, &mut shape, first, rows)?, self.replay(session, &mut shape, second, rows)?];
+        let low = plain.iter().zip(&replayed).map(|(p, r)| min_row_cosine(p, r, self.dim)).fold(f64::INFINITY, f64::min);
+        if low < CAPTURE_MIN_COSINE {
+            tracing::warn!(rows, seq, min_cosine = low, "a CUDA graph's replay differs from its plain run: this shape runs plainly");
+            // The graph stays captured under its id in ONNX Runtime, unused.
+            self.refused.push((rows, seq));
+            return Ok(false);
+        }
+        self.shapes.insert((rows, seq), shape);
+        Ok(true)
+    }
+
+    /// Runs a captured shape: `inputs` copied into its buffers, the graph
+    /// replayed, the first `real` rows of its output copied back.
+    pub fn run(&mut self, session: &mut Session, rows: usize, seq: usize, inputs: &[Vec<i64>], real: usize) -> Result<Vec<f32>, EngineError> {
+        let mut shape = self.shapes.remove(&(rows, seq)).ok_or_else(|| EngineError::Inference(format!("CUDA graphs: {rows}x{seq} was not captured")))?;
+        let result = self.replay(session, &mut shape, inputs, real);
+        self.shapes.insert((rows, seq), shape);
+        result
+    }
+
+    fn replay(&self, session: &mut Session, shape: &mut Shape, inputs: &[Vec<i64>], real: usize) -> Result<Vec<f32>, EngineError> {
+        let cudart = self.cudart;
+        let mut out = vec![0f32; real * self.dim];
+        // SAFETY: each copy's device side is a buffer of this shape holding at
+        // least the bytes copied (the shape's [rows, seq] inputs, [rows, dim]
+        // output), the host side a live slice of that length; the stream is
+        // synchronized before the run and before `out` is read.
+        unsafe {
+            cudart.check("cudaSetDevice", (cudart.set_device)(self.ordinal))?;
+            for (tensor, host) in shape.inputs.iter_mut().zip(inputs) {
+                let bytes = size_of_val(host.as_slice());
+                cudart
+                    .check("cudaMemcpyAsync", (cudart.memcpy_async)(tensor.data_ptr_mut(), host.as_ptr().cast(), bytes, MEMCPY_HOST_TO_DEVICE, self.stream))?;
+            }
+            cudart.check("cudaStreamSynchronize", (cudart.stream_synchronize)(self.stream))?;
+            session.run_binding_with_options(&shape.binding, &shape.options).map_err(|e| EngineError::Inference(e.to_string()))?;
+            let bytes = size_of_val(out.as_slice());
+            cudart
+                .check("cudaMemcpyAsync", (cudart.memcpy_async)(out.as_mut_ptr().cast(), shape.output.data_ptr(), bytes, MEMCPY_DEVICE_TO_HOST, self.stream))?;
+            cudart.check("cudaStreamSynchronize", (cudart.stream_synchronize)(self.stream))?;
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Graphs {
+    fn drop(&mut self) {
+        // SAFETY: the stream was created by `new` and is destroyed once.
+        unsafe {
+            (self.cudart.stream_destroy)(self.stream);
+        }
+    }
+}
+
+/// The lowest cosine between matching rows of two `[rows, dim]` arrays.
+fn min_row_cosine(a: &[f32], b: &[f32], dim: usize) -> f64 {
+    a.chunks(dim.max(1))
+        .zip(b.chunks(dim.max(1)))
+        .map(|(x, y)| {
+            let dot: f64 = x.iter().zip(y).map(|(&p, &q)| p as f64 * q as f64).sum();
+            let norm = |v: &[f32]| v.iter().map(|&p| p as f64 * p as f64).sum::<f64>().sqrt();
+            let (nx, ny) = (norm(x), norm(y));
+            if nx == 0.0 && ny == 0.0 {
+                1.0
+            } else {
+                dot / (nx * ny).max(f64::MIN_POSITIVE)
+            }
+        })
+        .fold(1.0, f64::min)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replay_that_moves_one_row_is_refused() {
+        let plain = [1.0f32, 0.0, 0.0, 1.0];
+        assert_eq!(min_row_cosine(&plain, &plain, 2), 1.0);
+        let moved = [1.0f32, 0.0, 1.0, 0.0];
+        assert!(min_row_cosine(&plain, &moved, 2) < CAPTURE_MIN_COSINE);
+        let rounded = [1.0f32, 0.0, 1e-4, 1.0];
+        assert!(min_row_cosine(&plain, &rounded, 2) >= CAPTURE_MIN_COSINE);
+    }
+}
