@@ -201,16 +201,20 @@ impl Graphs {
         self.shapes.contains_key(&(rows, seq))
     }
 
-    /// Captures a shape with this process's other CUDA work held off, from
-    /// two sets of inputs of it (one `[rows, seq]` array per input name,
-    /// padded): two plain runs, `first` then `second`; the capture, with
-    /// `first` (ONNX Runtime replays it once); a replay with `second`. Each
-    /// replay must give its set's plain vectors, which shows that it reads
-    /// the buffers the host fills; a shape that does not runs plainly
-    /// (false).
-    /// A capture that fails turns this session's graphs off, with a warning.
+    /// Captures a shape from two sets of inputs of it (one `[rows, seq]`
+    /// array per input name, padded): two plain runs, `first` then `second`,
+    /// beside the process's other CUDA work; then, with that work held off,
+    /// the capture with `first` (ONNX Runtime replays it once) and a replay
+    /// with `second`. Each replay must give its set's plain vectors, which
+    /// shows that it reads the buffers the host fills; a shape that does not
+    /// runs plainly (false). A capture that fails turns this session's graphs
+    /// off, with a warning.
+    ///
+    /// Only the capture holds the process alone: a shape's first runs cost
+    /// 50-80 ms (the provider's plans), and eight sessions capturing 112
+    /// shapes each with all four runs alone kept a first request waiting
+    /// 16.5 s on an H200 (1.9 s in the run before it).
     pub fn capture(&mut self, session: &mut Session, rows: usize, seq: usize, first: &[Vec<i64>], second: &[Vec<i64>]) -> bool {
-        let _alone = CUDA_WORK.write().unwrap_or_else(|e| e.into_inner());
         match self.try_capture(session, rows, seq, first, second) {
             Ok(captured) => captured,
             Err(e) => {
@@ -223,6 +227,7 @@ impl Graphs {
 
     fn try_capture(&mut self, session: &mut Session, rows: usize, seq: usize, first: &[Vec<i64>], second: &[Vec<i64>]) -> Result<bool, EngineError> {
         let fail = |e: ort::Error| EngineError::Inference(format!("CUDA graphs: capturing {rows}x{seq}: {e}"));
+        let work = shared_work();
         let mut shape_inputs = Vec::new();
         let mut binding = session.create_binding().map_err(fail)?;
         for name in &self.input_names {
@@ -237,7 +242,10 @@ impl Graphs {
         options.set("gpu_graph_id", (self.shapes.len() + self.refused.len() + 1).to_string()).map_err(fail)?;
         let mut shape = Shape { inputs: shape_inputs, output, binding, options };
         let plain = [self.replay(session, &mut shape, first, rows)?, self.replay(session, &mut shape, second, rows)?];
+        drop(work);
+        let alone = CUDA_WORK.write().unwrap_or_else(|e| e.into_inner());
         let replayed = [self.replay(session, &mut shape, first, rows)?, self.replay(session, &mut shape, second, rows)?];
+        drop(alone);
         let low = plain.iter().zip(&replayed).map(|(p, r)| min_row_cosine(p, r, self.dim)).fold(f64::INFINITY, f64::min);
         if low < CAPTURE_MIN_COSINE {
             tracing::warn!(rows, seq, min_cosine = low, "a CUDA graph's replay differs from its plain run: this shape runs plainly");

@@ -260,6 +260,10 @@ static CUDA_DOMAIN_ADDED: Mutex<bool> = Mutex::new(false);
 fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     let options: OnnxRuntimeOptions = spec.options.typed()?;
     let library = spec.runtime_library.as_deref().ok_or_else(no_library)?;
+    // A CUDA session's load is CUDA work from its first call (the provider's
+    // libraries, the context's flags) to its last (the graphs' buffers): a
+    // capture elsewhere in the process must not meet it (cuda_graphs.rs).
+    let cuda_work = cuda::is_cuda(&spec.device).then(cuda_graphs::shared_work);
     let gpu = match &spec.device {
         device if *device == "cpu" => None,
         device if cuda::is_cuda(device) => {
@@ -308,7 +312,6 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
             .map_err(|e| EngineError::Device(format!("the CUDA execution provider cannot start on device {ordinal}: {e}")))?;
         builder = builder.with_operators(cuda_ops::domain(&cuda::cublas_lt(library)?)?).map_err(|e| model_err(e.into()))?;
     }
-    let cuda_work = gpu.is_some().then(cuda_graphs::shared_work);
     let session = if gpu.is_some() {
         // ONNX keeps one process-wide table of operator domains, and ONNX
         // Runtime adds a session's custom domain to it when absent, without
