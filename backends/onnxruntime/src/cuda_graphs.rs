@@ -10,18 +10,21 @@
 //! launch. Bulk batches (more rows) run as before: graphs saved them 1-4 %.
 //!
 //! How ONNX Runtime 1.31's CUDA provider does graphs, which shapes this code:
-//! - a run annotated with `gpu_graph_id = N` is captured into graph N on its
-//!   third run (two plain runs first, for the arena to grow), and from then
-//!   on replays graph N without looking at its inputs: each shape has its
-//!   own id and its own input and output buffers on the card, bound once,
-//!   which the host fills and reads around a replay;
+//! - the first call annotated with `gpu_graph_id = N` runs three times
+//!   within that call (two plain runs, for the arena to grow, then the
+//!   capture, which replays once), and from then on a call replays graph N
+//!   without looking at its inputs: each shape has its own id and its own
+//!   input and output buffers on the card, bound once, which the host fills
+//!   and reads around a replay;
 //! - `gpu_graph_id = -1` runs plainly: every other batch;
 //! - the graphs live in the calling thread's context: an engine captures and
 //!   replays on its own thread (`warm_next` and `run` share it);
 //! - capture is in CUDA's global mode, where another thread's CUDA
 //!   allocation, synchronous copy or stream wait fails and breaks the
 //!   capture: every CUDA session of this process runs, loads and drops
-//!   holding `CUDA_WORK` shared, and a capture holds it alone.
+//!   holding `CUDA_WORK` shared, and a capture holds it alone; while a
+//!   session loads (seconds), captures wait instead of queueing on the lock,
+//!   where they would stall every other session's runs behind the load.
 //!
 //! The CUDA runtime is the one the CUDA provider loads (`cuda::preload`),
 //! opened here by the same path.
@@ -30,6 +33,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::Path;
 use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{OnceLock, RwLock, RwLockReadGuard};
 
 use eeane_backend_core::EngineError;
@@ -41,9 +45,41 @@ use ort::value::Tensor;
 /// drop), and alone by a capture (see the module's notes).
 static CUDA_WORK: RwLock<()> = RwLock::new(());
 
+/// CUDA sessions of this process being loaded.
+static LOADING: AtomicUsize = AtomicUsize::new(0);
+
 /// Holds off captures while this thread does CUDA work.
 pub fn shared_work() -> RwLockReadGuard<'static, ()> {
     CUDA_WORK.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Holds off captures while a CUDA session loads, and tells captures to
+/// wait for the load to end.
+pub struct Loading {
+    _work: RwLockReadGuard<'static, ()>,
+}
+
+pub fn loading() -> Loading {
+    LOADING.fetch_add(1, Ordering::AcqRel);
+    Loading { _work: shared_work() }
+}
+
+impl Drop for Loading {
+    fn drop(&mut self) {
+        LOADING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What became of a shape that was to be captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capture {
+    /// It replays from now on.
+    Captured,
+    /// It runs plainly: its replay differed from its plain run, or capturing
+    /// failed (then every shape of the session runs plainly).
+    Plain,
+    /// A session of this process is loading: try again later.
+    Later,
 }
 
 /// The run options of a plain run in a session with graphs on: without an
@@ -117,7 +153,8 @@ struct Shape {
     inputs: Vec<Tensor<i64>>,
     output: Tensor<f32>,
     binding: IoBinding,
-    options: RunOptions,
+    /// `gpu_graph_id = N`, this shape's graph.
+    graph: RunOptions,
 }
 
 /// A session's graphs, one a shape, for batches of up to `max_rows` rows.
@@ -133,6 +170,8 @@ pub struct Graphs {
     output_name: String,
     input_names: Vec<&'static str>,
     allocator: Allocator,
+    /// `gpu_graph_id = -1`: the plain runs a capture's check compares with.
+    plain: RunOptions,
     shapes: HashMap<(usize, usize), Shape>,
     /// Shapes whose replay did not match their plain run: they run plainly.
     refused: Vec<(usize, usize)>,
@@ -179,6 +218,7 @@ impl Graphs {
             output_name: output_name.to_string(),
             input_names,
             allocator,
+            plain: plain_run()?,
             shapes: HashMap::new(),
             refused: Vec::new(),
             failed: false,
@@ -202,30 +242,34 @@ impl Graphs {
     }
 
     /// Captures a shape from two sets of inputs of it (one `[rows, seq]`
-    /// array per input name, padded): two plain runs, `first` then `second`,
-    /// beside the process's other CUDA work; then, with that work held off,
-    /// the capture with `first` (ONNX Runtime replays it once) and a replay
-    /// with `second`. Each replay must give its set's plain vectors, which
-    /// shows that it reads the buffers the host fills; a shape that does not
-    /// runs plainly (false). A capture that fails turns this session's graphs
-    /// off, with a warning.
+    /// array per input name, padded): beside the process's other CUDA work,
+    /// a plain run of each (`gpu_graph_id = -1`, which also pays the shape's
+    /// first-run cost, 50-80 ms); then, with that work held off, the graph's
+    /// first call with `first` (two plain runs, the capture, a replay) and a
+    /// replay with `second`. Each replay must give its set's plain vectors,
+    /// which shows that it reads the buffers the host fills; a shape that
+    /// does not runs plainly. A capture that fails turns this session's
+    /// graphs off, with a warning.
     ///
-    /// Only the capture holds the process alone: a shape's first runs cost
-    /// 50-80 ms (the provider's plans), and eight sessions capturing 112
-    /// shapes each with all four runs alone kept a first request waiting
-    /// 16.5 s on an H200 (1.9 s in the run before it).
-    pub fn capture(&mut self, session: &mut Session, rows: usize, seq: usize, first: &[Vec<i64>], second: &[Vec<i64>]) -> bool {
+    /// Only the capture holds the process alone: eight sessions capturing
+    /// 112 shapes each with every run of a shape alone kept a first request
+    /// waiting 16.5 s on an H200 (1.9 s in the run before it).
+    pub fn capture(&mut self, session: &mut Session, rows: usize, seq: usize, first: &[Vec<i64>], second: &[Vec<i64>]) -> Capture {
+        if LOADING.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            return Capture::Later;
+        }
         match self.try_capture(session, rows, seq, first, second) {
-            Ok(captured) => captured,
+            Ok(capture) => capture,
             Err(e) => {
                 tracing::warn!(rows, seq, "CUDA graphs are off for this session, whose batches run plainly: {e}");
                 self.failed = true;
-                false
+                Capture::Plain
             }
         }
     }
 
-    fn try_capture(&mut self, session: &mut Session, rows: usize, seq: usize, first: &[Vec<i64>], second: &[Vec<i64>]) -> Result<bool, EngineError> {
+    fn try_capture(&mut self, session: &mut Session, rows: usize, seq: usize, first: &[Vec<i64>], second: &[Vec<i64>]) -> Result<Capture, EngineError> {
         let fail = |e: ort::Error| EngineError::Inference(format!("CUDA graphs: capturing {rows}x{seq}: {e}"));
         let work = shared_work();
         let mut shape_inputs = Vec::new();
@@ -237,42 +281,66 @@ impl Graphs {
         }
         let mut output = Tensor::<f32>::new(&self.allocator, [rows, self.dim]).map_err(fail)?;
         binding.bind_output(self.output_name.as_str(), &mut output).map_err(fail)?;
-        let mut options = RunOptions::new().map_err(fail)?;
+        let mut graph = RunOptions::new().map_err(fail)?;
         // Ids from 1: 0 is a run's without one.
-        options.set("gpu_graph_id", (self.shapes.len() + self.refused.len() + 1).to_string()).map_err(fail)?;
-        let mut shape = Shape { inputs: shape_inputs, output, binding, options };
-        let plain = [self.replay(session, &mut shape, first, rows)?, self.replay(session, &mut shape, second, rows)?];
+        graph.set("gpu_graph_id", (self.shapes.len() + self.refused.len() + 1).to_string()).map_err(fail)?;
+        let mut shape = Shape { inputs: shape_inputs, output, binding, graph };
+        let plain = [self.call(session, &mut shape, first, rows, false)?, self.call(session, &mut shape, second, rows, false)?];
         drop(work);
         let alone = CUDA_WORK.write().unwrap_or_else(|e| e.into_inner());
-        let replayed = [self.replay(session, &mut shape, first, rows)?, self.replay(session, &mut shape, second, rows)?];
+        let replayed = [self.call(session, &mut shape, first, rows, true)?, self.call(session, &mut shape, second, rows, true)?];
         drop(alone);
         let low = plain.iter().zip(&replayed).map(|(p, r)| min_row_cosine(p, r, self.dim)).fold(f64::INFINITY, f64::min);
         if low < CAPTURE_MIN_COSINE {
             tracing::warn!(rows, seq, min_cosine = low, "a CUDA graph's replay differs from its plain run: this shape runs plainly");
             // The graph stays captured under its id in ONNX Runtime, unused.
             self.refused.push((rows, seq));
-            return Ok(false);
+            return Ok(Capture::Plain);
         }
         self.shapes.insert((rows, seq), shape);
-        Ok(true)
+        Ok(Capture::Captured)
     }
 
     /// Runs a captured shape: `inputs` copied into its buffers, the graph
-    /// replayed, the first `real` rows of its output copied back.
+    /// replayed, the first `real` rows of its output copied back. A replay
+    /// that fails turns this session's graphs off (the caller runs the batch
+    /// plainly).
     pub fn run(&mut self, session: &mut Session, rows: usize, seq: usize, inputs: &[Vec<i64>], real: usize) -> Result<Vec<f32>, EngineError> {
         let mut shape = self.shapes.remove(&(rows, seq)).ok_or_else(|| EngineError::Inference(format!("CUDA graphs: {rows}x{seq} was not captured")))?;
-        let result = self.replay(session, &mut shape, inputs, real);
-        self.shapes.insert((rows, seq), shape);
+        let result = self.call(session, &mut shape, inputs, real, true);
+        match &result {
+            Ok(_) => {
+                self.shapes.insert((rows, seq), shape);
+            }
+            Err(e) => {
+                tracing::warn!(rows, seq, "a CUDA graph's replay failed; this session's batches run plainly from now on: {e}");
+                self.failed = true;
+            }
+        }
         result
     }
 
-    fn replay(&self, session: &mut Session, shape: &mut Shape, inputs: &[Vec<i64>], real: usize) -> Result<Vec<f32>, EngineError> {
+    /// One call of a shape's binding, as its graph or plainly: `inputs`
+    /// copied in, the first `real` rows of the output copied out.
+    fn call(&self, session: &mut Session, shape: &mut Shape, inputs: &[Vec<i64>], real: usize, as_graph: bool) -> Result<Vec<f32>, EngineError> {
+        let rows = shape.output.shape()[0] as usize;
+        let elements = shape.inputs.first().map_or(0, |t| t.shape().iter().product::<i64>() as usize);
+        if inputs.len() != shape.inputs.len() || inputs.iter().any(|host| host.len() != elements) || real > rows {
+            return Err(EngineError::Input(format!(
+                "CUDA graphs: a batch of {} inputs of {:?} values for a shape of {} inputs of {elements}",
+                inputs.len(),
+                inputs.iter().map(Vec::len).collect::<Vec<_>>(),
+                shape.inputs.len()
+            )));
+        }
         let cudart = self.cudart;
         let mut out = vec![0f32; real * self.dim];
-        // SAFETY: each copy's device side is a buffer of this shape holding at
-        // least the bytes copied (the shape's [rows, seq] inputs, [rows, dim]
-        // output), the host side a live slice of that length; the stream is
-        // synchronized before the run and before `out` is read.
+        let options = if as_graph { &shape.graph } else { &self.plain };
+        // SAFETY: each copy's device side is a buffer of this shape holding
+        // exactly the bytes copied in (checked above: [rows, seq] values) or
+        // at least those copied out ([rows, dim], `real` <= rows), the host
+        // side a live slice of that length; the stream is synchronized
+        // before the run and before `out` is read.
         unsafe {
             cudart.check("cudaSetDevice", (cudart.set_device)(self.ordinal))?;
             for (tensor, host) in shape.inputs.iter_mut().zip(inputs) {
@@ -281,7 +349,7 @@ impl Graphs {
                     .check("cudaMemcpyAsync", (cudart.memcpy_async)(tensor.data_ptr_mut(), host.as_ptr().cast(), bytes, MEMCPY_HOST_TO_DEVICE, self.stream))?;
             }
             cudart.check("cudaStreamSynchronize", (cudart.stream_synchronize)(self.stream))?;
-            session.run_binding_with_options(&shape.binding, &shape.options).map_err(|e| EngineError::Inference(e.to_string()))?;
+            session.run_binding_with_options(&shape.binding, options).map_err(|e| EngineError::Inference(e.to_string()))?;
             let bytes = size_of_val(out.as_slice());
             cudart
                 .check("cudaMemcpyAsync", (cudart.memcpy_async)(out.as_mut_ptr().cast(), shape.output.data_ptr(), bytes, MEMCPY_DEVICE_TO_HOST, self.stream))?;

@@ -263,7 +263,7 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
     // A CUDA session's load is CUDA work from its first call (the provider's
     // libraries, the context's flags) to its last (the graphs' buffers): a
     // capture elsewhere in the process must not meet it (cuda_graphs.rs).
-    let cuda_work = cuda::is_cuda(&spec.device).then(cuda_graphs::shared_work);
+    let cuda_work = cuda::is_cuda(&spec.device).then(cuda_graphs::loading);
     let gpu = match &spec.device {
         device if *device == "cpu" => None,
         device if cuda::is_cuda(device) => {
@@ -469,10 +469,20 @@ impl Engine for OnnxRuntimeEngine {
         let first = tokens(0);
         let captured = match &mut self.graphs {
             Some((graphs, _)) if graphs.covers(rows, seq) && !graphs.captured(rows, seq) => {
-                self.unwarmed.pop();
                 let second = tokens(251);
                 let types = self.info.takes_token_type_ids;
-                graphs.capture(&mut self.session, rows, seq, &padded_inputs(&batch_of(&first), rows, types), &padded_inputs(&batch_of(&second), rows, types))
+                let capture = graphs.capture(
+                    &mut self.session,
+                    rows,
+                    seq,
+                    &padded_inputs(&batch_of(&first), rows, types),
+                    &padded_inputs(&batch_of(&second), rows, types),
+                );
+                if capture == cuda_graphs::Capture::Later {
+                    return Ok(true);
+                }
+                self.unwarmed.pop();
+                capture == cuda_graphs::Capture::Captured
             }
             _ => {
                 self.run(&batch_of(&first))?;
@@ -501,9 +511,11 @@ impl Engine for OnnxRuntimeEngine {
         let started = std::time::Instant::now();
         if let Some((graphs, _)) = &mut self.graphs {
             if graphs.covers(rows, seq) && graphs.captured(rows, seq) {
-                let data = graphs.run(&mut self.session, rows, seq, &inputs, real)?;
-                tracing::debug!(rows, seq, real, run_ms = started.elapsed().as_secs_f64() * 1e3, "graph replay");
-                return Ok(EngineOutput::Pooled { dim: data.len() / real.max(1), data, batch: real });
+                // A replay that fails turns the graphs off; the batch runs plainly below.
+                if let Ok(data) = graphs.run(&mut self.session, rows, seq, &inputs, real) {
+                    tracing::debug!(rows, seq, real, run_ms = started.elapsed().as_secs_f64() * 1e3, "graph replay");
+                    return Ok(EngineOutput::Pooled { dim: data.len() / real.max(1), data, batch: real });
+                }
             }
         }
         let shape = [rows as i64, seq as i64];
