@@ -78,9 +78,9 @@ pub struct OnnxRuntimeOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<String>,
     /// On a CUDA device: batches that run with at most this many rows (the
-    /// GPU's row counts: 1, 2, 4 .. 32, 64, 96 ..) run as CUDA graphs, one captured per shape while the model is
-    /// idle (cuda_graphs.rs). The graph's output must be pooled. Other
-    /// devices ignore it.
+    /// GPU's row counts: 1, 2, 4 .. 32, 64, 96 ..) run as CUDA graphs, one
+    /// captured per shape while the model is idle (cuda_graphs.rs). The
+    /// graph's output must be pooled. Other devices ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_graph_rows: Option<usize>,
 }
@@ -382,9 +382,9 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
         (Some((_, ordinal)), Some(rows)) => {
             let dim = match output.dtype() {
                 ValueType::Tensor { shape, .. } if shape.len() == 2 && shape[1] > 0 => shape[1] as usize,
-                _ => {
+                other => {
                     return Err(EngineError::Model(format!(
-                        "cuda_graph_rows: CUDA graphs need a graph whose output {:?} is pooled, [rows, dim]; this one is per token (serve it without cuda_graph_rows)",
+                        "cuda_graph_rows: CUDA graphs need a graph whose output {:?} is pooled, [rows, dim] with dim fixed; it is {other} (serve it without cuda_graph_rows)",
                         output.name()
                     )))
                 }
