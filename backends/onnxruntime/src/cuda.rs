@@ -358,6 +358,23 @@ pub fn cublas_lt(runtime: &Path) -> Result<PathBuf, EngineError> {
     locate(CUBLAS_LT, &library_dirs(runtime)).ok_or_else(|| EngineError::Runtime(format!("{CUBLAS_LT} not found")))
 }
 
+/// Opens a CUDA library by path into a struct of its entry points: each
+/// field a C function pointer read by its symbol's name, and `_library`,
+/// which keeps the library loaded while the struct lives. An expression of
+/// type `Result<Struct, EngineError>`; the caller vouches, in a SAFETY
+/// comment, that each field's type is its symbol's C signature.
+macro_rules! entry_points {
+    ($path:expr, $what:literal, $struct:ident { $($field:ident: $symbol:literal),* $(,)? }) => {{
+        let path: &std::path::Path = $path;
+        let fail = |m: String| eeane_backend_core::EngineError::Runtime(format!("{} ({}): {m}", $what, path.display()));
+        (|| {
+            let library = libloading::Library::new(path).map_err(|e| fail(e.to_string()))?;
+            Ok($struct { $($field: *library.get(concat!($symbol, "\0").as_bytes()).map_err(|e| fail(e.to_string()))?,)* _library: library })
+        })()
+    }};
+}
+pub(crate) use entry_points;
+
 /// libcudart's path, the one `preload` loads for the CUDA provider.
 pub fn cudart(runtime: &Path) -> Result<PathBuf, EngineError> {
     locate(CUDART, &library_dirs(runtime)).ok_or_else(|| EngineError::Runtime(format!("{CUDART} not found")))

@@ -87,7 +87,7 @@ pub enum Capture {
 
 /// The run options of a plain run in a session with graphs on: without an
 /// id a run is graph 0's, and its third would be captured.
-pub fn plain_run() -> Result<RunOptions, EngineError> {
+fn plain_run() -> Result<RunOptions, EngineError> {
     let mut options = RunOptions::new().map_err(|e| EngineError::Runtime(e.to_string()))?;
     options.set("gpu_graph_id", "-1").map_err(|e| EngineError::Runtime(e.to_string()))?;
     Ok(options)
@@ -115,25 +115,21 @@ static CUDART: OnceLock<Result<Cudart, EngineError>> = OnceLock::new();
 fn cudart(path: &Path) -> Result<&'static Cudart, EngineError> {
     CUDART
         .get_or_init(|| {
-            let fail = |m: String| EngineError::Runtime(format!("the CUDA runtime ({}): {m}", path.display()));
-            // SAFETY: the CUDA runtime's documented entry points with their C
-            // signatures; the library stays loaded for the process.
+            // SAFETY: the CUDA runtime's documented entry points, each field
+            // typed as its C signature.
             unsafe {
-                let library = libloading::Library::new(path).map_err(|e| fail(e.to_string()))?;
-                macro_rules! function {
-                    ($name:literal) => {
-                        *library.get(concat!($name, "\0").as_bytes()).map_err(|e| fail(e.to_string()))?
-                    };
-                }
-                Ok(Cudart {
-                    set_device: function!("cudaSetDevice"),
-                    stream_create: function!("cudaStreamCreateWithFlags"),
-                    stream_destroy: function!("cudaStreamDestroy"),
-                    stream_synchronize: function!("cudaStreamSynchronize"),
-                    memcpy_async: function!("cudaMemcpyAsync"),
-                    error_string: function!("cudaGetErrorString"),
-                    _library: library,
-                })
+                crate::cuda::entry_points!(
+                    path,
+                    "the CUDA runtime",
+                    Cudart {
+                        set_device: "cudaSetDevice",
+                        stream_create: "cudaStreamCreateWithFlags",
+                        stream_destroy: "cudaStreamDestroy",
+                        stream_synchronize: "cudaStreamSynchronize",
+                        memcpy_async: "cudaMemcpyAsync",
+                        error_string: "cudaGetErrorString",
+                    }
+                )
             }
         })
         .as_ref()
@@ -232,6 +228,11 @@ impl Graphs {
     /// as a graph.
     pub fn covers(&self, rows: usize, seq: usize) -> bool {
         rows <= self.max_rows && !self.failed && !self.refused.contains(&(rows, seq))
+    }
+
+    /// The run options of a batch that runs plainly in this session.
+    pub fn plain(&self) -> &RunOptions {
+        &self.plain
     }
 
     /// How many shapes run as graphs.

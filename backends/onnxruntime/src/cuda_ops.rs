@@ -88,32 +88,27 @@ struct CublasLt {
 static CUBLASLT: OnceLock<Result<CublasLt, EngineError>> = OnceLock::new();
 
 fn open(path: &Path) -> Result<CublasLt, EngineError> {
-    let fail = |m: String| EngineError::Runtime(format!("cuBLASLt ({}): {m}", path.display()));
-    // SAFETY: cuBLASLt's documented entry points with their C signatures (the
-    // argument types are cudarc's bindings of cublasLt.h); the library stays
-    // loaded with the struct, which lives for the process.
+    // SAFETY: cuBLASLt's documented entry points, each field typed as its C
+    // signature (cudarc's bindings of cublasLt.h give the argument types).
     unsafe {
-        let library = libloading::Library::new(path).map_err(|e| fail(e.to_string()))?;
-        macro_rules! function {
-            ($name:literal) => {
-                *library.get(concat!($name, "\0").as_bytes()).map_err(|e| fail(e.to_string()))?
-            };
-        }
-        Ok(CublasLt {
-            create: function!("cublasLtCreate"),
-            destroy: function!("cublasLtDestroy"),
-            desc_create: function!("cublasLtMatmulDescCreate"),
-            desc_destroy: function!("cublasLtMatmulDescDestroy"),
-            desc_set: function!("cublasLtMatmulDescSetAttribute"),
-            layout_create: function!("cublasLtMatrixLayoutCreate"),
-            layout_destroy: function!("cublasLtMatrixLayoutDestroy"),
-            pref_create: function!("cublasLtMatmulPreferenceCreate"),
-            pref_destroy: function!("cublasLtMatmulPreferenceDestroy"),
-            pref_set: function!("cublasLtMatmulPreferenceSetAttribute"),
-            heuristic: function!("cublasLtMatmulAlgoGetHeuristic"),
-            matmul: function!("cublasLtMatmul"),
-            _library: library,
-        })
+        crate::cuda::entry_points!(
+            path,
+            "cuBLASLt",
+            CublasLt {
+                create: "cublasLtCreate",
+                destroy: "cublasLtDestroy",
+                desc_create: "cublasLtMatmulDescCreate",
+                desc_destroy: "cublasLtMatmulDescDestroy",
+                desc_set: "cublasLtMatmulDescSetAttribute",
+                layout_create: "cublasLtMatrixLayoutCreate",
+                layout_destroy: "cublasLtMatrixLayoutDestroy",
+                pref_create: "cublasLtMatmulPreferenceCreate",
+                pref_destroy: "cublasLtMatmulPreferenceDestroy",
+                pref_set: "cublasLtMatmulPreferenceSetAttribute",
+                heuristic: "cublasLtMatmulAlgoGetHeuristic",
+                matmul: "cublasLtMatmul",
+            }
+        )
     }
 }
 

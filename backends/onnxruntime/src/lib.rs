@@ -19,7 +19,7 @@ use eeane_backend_core::{
 };
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
-use ort::session::{RunOptions, Session};
+use ort::session::Session;
 use ort::value::{Tensor, ValueType};
 
 /// ONNX Runtime allows one environment per process, bound to the first library opened.
@@ -230,8 +230,8 @@ pub struct OnnxRuntimeEngine {
     loaded_at: std::time::Instant,
     /// On a CUDA device: this process's CUDA work is held against captures.
     on_cuda: bool,
-    /// `cuda_graph_rows`' graphs, and the run options of the other batches.
-    graphs: Option<(cuda_graphs::Graphs, RunOptions)>,
+    /// `cuda_graph_rows`' graphs.
+    graphs: Option<cuda_graphs::Graphs>,
 }
 
 /// Sequence lengths on a GPU are multiples of this: with row counts as
@@ -394,7 +394,7 @@ fn load(spec: &EngineSpec) -> Result<Box<dyn Engine>, EngineError> {
                 inputs.push("token_type_ids");
             }
             let graphs = cuda_graphs::Graphs::new(&session, library, *ordinal, rows, &output_name, dim, inputs)?;
-            Some((graphs, cuda_graphs::plain_run()?))
+            Some(graphs)
         }
         _ => None,
     };
@@ -468,7 +468,7 @@ impl Engine for OnnxRuntimeEngine {
         let batch_of = |tokens: &[Vec<i64>]| TokenBatch::from_rows(&tokens.iter().map(|row| (row.as_slice(), None)).collect::<Vec<_>>(), seq, 0);
         let first = tokens(0);
         let captured = match &mut self.graphs {
-            Some((graphs, _)) if graphs.covers(rows, seq) && !graphs.captured(rows, seq) => {
+            Some(graphs) if graphs.covers(rows, seq) && !graphs.captured(rows, seq) => {
                 let second = tokens(251);
                 let types = self.info.takes_token_type_ids;
                 let capture = graphs.capture(
@@ -491,7 +491,7 @@ impl Engine for OnnxRuntimeEngine {
         };
         tracing::debug!(rows, seq, captured, ms = started.elapsed().as_secs_f64() * 1e3, left = self.unwarmed.len(), "warmed a GPU batch shape");
         if self.unwarmed.is_empty() {
-            let cuda_graphs = self.graphs.as_ref().map_or(0, |(graphs, _)| graphs.count());
+            let cuda_graphs = self.graphs.as_ref().map_or(0, cuda_graphs::Graphs::count);
             tracing::info!(seconds_since_load = self.loaded_at.elapsed().as_secs_f64(), cuda_graphs, "every GPU batch shape has run once");
         }
         Ok(!self.unwarmed.is_empty())
@@ -502,14 +502,14 @@ impl Engine for OnnxRuntimeEngine {
         let seq = batch.seq;
         // A shape has run once; one that is to be a CUDA graph stays for
         // `warm_next` to capture.
-        if !self.graphs.as_ref().is_some_and(|(graphs, _)| graphs.covers(rows, seq) && !graphs.captured(rows, seq)) {
+        if !self.graphs.as_ref().is_some_and(|graphs| graphs.covers(rows, seq) && !graphs.captured(rows, seq)) {
             self.unwarmed.retain(|&shape| shape != (rows, seq));
         }
         let _cuda_work = self.on_cuda.then(cuda_graphs::shared_work);
         let inputs = padded_inputs(batch, rows, self.info.takes_token_type_ids);
         let real = batch.batch;
         let started = std::time::Instant::now();
-        if let Some((graphs, _)) = &mut self.graphs {
+        if let Some(graphs) = &mut self.graphs {
             if graphs.covers(rows, seq) && graphs.captured(rows, seq) {
                 // A replay that fails turns the graphs off; the batch runs plainly below.
                 if let Ok(data) = graphs.run(&mut self.session, rows, seq, &inputs, real) {
@@ -524,7 +524,7 @@ impl Engine for OnnxRuntimeEngine {
             tensors.push((name, Tensor::from_array((shape, data)).map_err(|e| EngineError::Input(e.to_string()))?));
         }
         let outputs = match &self.graphs {
-            Some((_, plain)) => self.session.run_with_options(tensors, plain),
+            Some(graphs) => self.session.run_with_options(tensors, graphs.plain()),
             None => self.session.run(tensors),
         }
         .map_err(|e| EngineError::Inference(e.to_string()))?;
