@@ -8,8 +8,10 @@ that every engine reads.
   ONNX Runtime's own decoder exports use); ModernBERT one MultiHeadAttention
   per layer; the BERT family the Attention operator that ONNX Runtime's
   transformer optimizer fuses (as models/prepare.py does for the catalog's
-  all-minilm-l6-v2-cuda). An MPNet graph keeps its attention unfused (its
-  relative position bias has no fused pattern); it is still fp16.
+  all-minilm-l6-v2-cuda), then split into Q, K and V matmuls and one
+  MultiHeadAttention (`split_attention`). An MPNet graph keeps its
+  attention unfused (its relative position bias has no fused pattern); it
+  is still fp16.
 - **Pooled inside.** The graph ends in the model's pooling (mean, cls or
   last token) and its Dense modules, so that a batch brings back one vector
   a text from the GPU, not every token's state; eeane's `normalize` stays
@@ -19,8 +21,10 @@ that every engine reads.
   (com.microsoft's FastGelu) and hands each feed-forward matmul with its
   bias and GELU to one ai.eeane.cuda:GemmFastGelu (cuBLASLt's GELU
   epilogue, backends/onnxruntime/src/cuda_ops.rs): BiasGelu was 16 % of
-  all-MiniLM-L6-v2's kernel time on an H100. The fp16 check below is made
-  on the tanh graph just before that fusion (the CPU has no such operator).
+  all-MiniLM-L6-v2's kernel time on an H100. Attention's Q, K and V
+  matmuls get their bias in the epilogue the same way (ai.eeane.cuda:
+  GemmBias). The fp16 check below is made on the graph just before these
+  fusions (the CPU has no such operators).
 - **Checked twice on the CPU** before it is published: the fused fp32
   graph against the float64 numpy network (at 0.99999: fusion must not move
   the vectors) and the fp16 graph against the same (published at 0.9999;
@@ -38,8 +42,9 @@ import numpy as np
 
 GRAPH = "model.fp16.onnx"
 # What made a GPU graph: a Hub model prepared by another is prepared again
-# (since 2026-12-07: the feed-forward's GELU in cuBLASLt's epilogue).
-RECIPE = "gelu-epilogue"
+# (since 2026-12-07: the feed-forward's GELU in cuBLASLt's epilogue;
+# since 2026-12-07 too: attention's Q, K and V apart, their bias likewise).
+RECIPE = "gelu-epilogue-qkv-apart"
 DATA = "model.fp16.onnx_data"
 # Pooling the graph can end in (eeane's names).
 POOLINGS = ("mean", "cls", "last_token")
@@ -133,6 +138,40 @@ def gemm_fast_gelu(model):
     the matmul whose epilogue adds the bias and applies GELU, so that the
     GELU's input never goes through memory. The same function as the pair
     (docs/performance.md gives the kernels' times). Returns the count."""
+
+    def gelu_bias(node, is_matmul, readers_of):
+        if node.op_type == "FastGelu" and node.domain == "com.microsoft" and len(node.input) == 2 and is_matmul(node.input[0]):
+            return node.input[0], node.input[1]
+        return None
+
+    return _fuse_into_matmuls(model, gelu_bias, "GemmFastGelu")
+
+
+def gemm_bias(model):
+    """MatMul(X, W) feeding only Add(·, bias) whose sum only
+    MultiHeadAttention reads (`split_attention`'s Q, K and V), W [K, N] and
+    bias [N] fp16 initializers, becomes one ai.eeane.cuda:GemmBias(X, W,
+    bias): the bias added in cuBLASLt's epilogue, not by a kernel of its
+    own. Other MatMul + Add pairs are left as they are. Returns the count."""
+
+    def attention_input(node, is_matmul, readers_of):
+        if node.op_type != "Add" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+            return None
+        readers = readers_of(node.output[0])
+        if not readers or any(r.op_type != "MultiHeadAttention" for r in readers):
+            return None
+        a, b = node.input
+        return (a, b) if is_matmul(a) else (b, a) if is_matmul(b) else None
+
+    return _fuse_into_matmuls(model, attention_input, "GemmBias")
+
+
+def _fuse_into_matmuls(model, match, op_type):
+    """Each node for which `match(node, is_matmul, readers_of)` names (the
+    product of a MatMul(X, W) that only it reads, its bias), W [K, N] and
+    the bias [N] constant fp16 initializers, becomes
+    ai.eeane.cuda:`op_type`(X, W, bias) with the node's outputs, and the
+    MatMul goes. Returns the count."""
     from onnx import TensorProto, helper
 
     graph = model.graph
@@ -142,22 +181,26 @@ def gemm_fast_gelu(model):
     readers = {}
     for node in graph.node:
         for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
+            readers.setdefault(name, []).append(node)
     graph_outputs = {o.name for o in graph.output}
     # An initializer that a graph input of the same name can override is not a constant.
     graph_inputs = {i.name for i in graph.input}
+
+    def is_matmul(name):
+        node = producer.get(name)
+        return node is not None and node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(readers.get(name, [])) == 1 and name not in graph_outputs
+
     fused, dropped = [], set()
     for node in graph.node:
-        if node.op_type != "FastGelu" or node.domain != "com.microsoft" or len(node.input) != 2:
+        found = match(node, is_matmul, lambda name: readers.get(name, []))
+        if found is None:
             continue
-        matmul = producer.get(node.input[0])
-        if matmul is None or matmul.op_type != "MatMul" or readers.get(node.input[0]) != 1 or node.input[0] in graph_outputs:
-            continue
+        product, bias = found
+        matmul = producer[product]
         x, w = matmul.input
-        bias = node.input[1]
         if w not in half or bias not in half or {w, bias} & graph_inputs or len(dims[w]) != 2 or dims[bias] != dims[w][1:]:
             continue
-        fused.append((node, helper.make_node("GemmFastGelu", [x, w, bias], list(node.output), name=node.name or matmul.name, domain=EEANE_CUDA_DOMAIN)))
+        fused.append((node, helper.make_node(op_type, [x, w, bias], list(node.output), name=node.name or matmul.name, domain=EEANE_CUDA_DOMAIN)))
         dropped.add(id(matmul))
     if not fused:
         return 0
@@ -173,6 +216,74 @@ def gemm_fast_gelu(model):
     if not any(o.domain == EEANE_CUDA_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(EEANE_CUDA_DOMAIN, 1))
     return len(fused)
+
+
+def split_attention(model):
+    """Each com.microsoft Attention over a packed Q/K/V weight [K, 3N] and
+    bias [3N] (inline initializers), with EmbedLayerNormalization's mask
+    index (the texts' lengths) and no past, becomes three MatMul + Add (Q,
+    K and V, each [.., N]) and one com.microsoft MultiHeadAttention over
+    them, the lengths as its key padding mask: the same function.
+
+    Why: the CUDA provider runs Attention as one matmul into a packed
+    buffer, then a kernel that adds the bias and transposes it into the
+    layout of cuDNN's flash attention, 11 % of all-MiniLM-L6-v2's kernel
+    time on an H100 (docs/performance.md). MultiHeadAttention takes Q, K
+    and V as [batch, tokens, N] with no bias straight into that kernel, and
+    `gemm_epilogues` then hands each MatMul + Add to cuBLASLt with the bias
+    in its epilogue. Returns the count."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    graph_inputs = {i.name for i in graph.input}
+    producer = {out: (node, i) for node in graph.node for i, out in enumerate(node.output)}
+    readers = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+
+    def inline(name):
+        t = initializers.get(name)
+        return t is not None and name not in graph_inputs and t.data_location != TensorProto.EXTERNAL and readers.get(name) == 1
+
+    nodes, added, dropped, count = [], [], set(), 0
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inputs = list(node.input) + [""] * 4
+        x, w, b, mask = inputs[:4]
+        mask_from = producer.get(mask)
+        if (node.op_type != "Attention" or node.domain != "com.microsoft" or any(inputs[4:])
+                or set(attrs) - {"num_heads", "mask_filter_value", "scale", "unidirectional"} or attrs.get("unidirectional", 0)
+                or not (inline(w) and inline(b)) or mask_from is None
+                or (mask_from[0].op_type, mask_from[1]) != ("EmbedLayerNormalization", 1)):
+            nodes.append(node)
+            continue
+        weight, bias = numpy_helper.to_array(initializers[w]), numpy_helper.to_array(initializers[b])
+        if weight.ndim != 2 or weight.shape[1] % 3 or bias.shape != (weight.shape[1],):
+            nodes.append(node)
+            continue
+        n = weight.shape[1] // 3
+        name = node.name or node.output[0]
+        parts = []
+        for i, part in enumerate("qkv"):
+            pw, pb, mm, out = f"{name}_{part}_weight", f"{name}_{part}_bias", f"{name}_{part}_matmul", f"{name}_{part}"
+            added += [numpy_helper.from_array(np.ascontiguousarray(weight[:, i * n:(i + 1) * n]), pw),
+                      numpy_helper.from_array(np.ascontiguousarray(bias[i * n:(i + 1) * n]), pb)]
+            nodes.append(helper.make_node("MatMul", [x, pw], [mm], name=f"{name}_{part}_matmul"))
+            nodes.append(helper.make_node("Add", [mm, pb], [out], name=f"{name}_{part}_add"))
+            parts.append(out)
+        kept = {k: v for k, v in attrs.items() if k != "unidirectional"}
+        nodes.append(helper.make_node("MultiHeadAttention", parts + ["", mask], list(node.output), name=name, domain="com.microsoft", **kept))
+        dropped |= {w, b}
+        count += 1
+    if count:
+        inits = [t for t in graph.initializer if t.name not in dropped] + added
+        del graph.initializer[:]
+        graph.initializer.extend(inits)
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return count
 
 
 def _load(path, data=True):
@@ -249,6 +360,12 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
         out = build_dir / GRAPH
         to_fp16(path, out, keep, build_dir / DATA if fp32_bytes // 2 >= external_min_bytes else None)
         checks = {"attention": attention, "pooling_in_graph": pooling, "fused_fp32_min_cosine_vs_numpy_float64": fused32}
+        # Q, K and V apart before the fp16 check, so that it measures them.
+        model = _load(out, data=False)
+        split = split_attention(model)
+        if split:
+            onnx.save_model(model, str(out))
+            checks["attention"] = f"{attention}, as MultiHeadAttention over Q, K and V apart ({split} layers)"
         try:
             half = _check(out, tokenizer, texts, max_tokens, states_of, pooling, dense)
         except Exception as e:  # noqa: BLE001 - an older CPU runtime without these fp16 kernels
@@ -266,21 +383,25 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
         shutil.rmtree(work, ignore_errors=True)
 
 
-def expand_gemm_fast_gelu(model, gelu="FastGelu"):
-    """`gemm_fast_gelu` undone: each ai.eeane.cuda:GemmFastGelu back to
-    MatMul and com.microsoft's `gelu` (FastGelu, the same function; BiasGelu,
-    the erf form the graph had before), for a runtime without eeane's
-    operator: the CPU, or a measurement against the unfused graph. Returns
-    the count."""
+def expand_cuda_operators(model, gelu="FastGelu"):
+    """`gemm_fast_gelu` and `gemm_bias` undone: each
+    ai.eeane.cuda:GemmFastGelu back to MatMul and com.microsoft's `gelu`
+    (FastGelu, the same function; BiasGelu, the erf form the graph had
+    before), each GemmBias back to MatMul and Add, for a runtime without
+    eeane's operators: the CPU, or a measurement against the unfused graph.
+    Returns the count of both."""
     from onnx import helper
 
     nodes, count = [], 0
     for node in model.graph.node:
-        if node.op_type == "GemmFastGelu" and node.domain == EEANE_CUDA_DOMAIN:
+        if node.op_type in ("GemmFastGelu", "GemmBias") and node.domain == EEANE_CUDA_DOMAIN:
             x, w, bias = node.input
             product = node.output[0] + "_matmul"
             nodes.append(helper.make_node("MatMul", [x, w], [product], name=node.name + "_matmul"))
-            nodes.append(helper.make_node(gelu, [product, bias], list(node.output), name=node.name, domain="com.microsoft"))
+            if node.op_type == "GemmFastGelu":
+                nodes.append(helper.make_node(gelu, [product, bias], list(node.output), name=node.name, domain="com.microsoft"))
+            else:
+                nodes.append(helper.make_node("Add", [product, bias], list(node.output), name=node.name))
             count += 1
         else:
             nodes.append(node)
@@ -293,18 +414,26 @@ def expand_gemm_fast_gelu(model, gelu="FastGelu"):
 
 
 def epilogues(graph, gelus):
-    """The checked fp16 graph at `graph` with its feed-forward matmuls
-    handed to cuBLASLt's GELU epilogue (`gemm_fast_gelu`), after the CPU
-    check, which cannot run eeane's operator; what goes into the manifest."""
-    if not gelus:
-        return {}
+    """The checked fp16 graph at `graph` with its matmuls' bias (and GELU)
+    handed to cuBLASLt's epilogues (`gemm_fast_gelu` for the feed-forward,
+    `gemm_bias` for attention's Q, K and V), after the CPU check, which
+    cannot run eeane's operators; what goes into the manifest."""
     import onnx
 
     model = _load(graph, data=False)
-    fused = gemm_fast_gelu(model)
+    fused = gemm_fast_gelu(model) if gelus else 0
+    biased = gemm_bias(model)
+    if not (fused or biased):
+        return {}
     onnx.save_model(model, str(graph))
-    print(f"GPU graph: GELU in the tanh form ({gelus} layers), {fused} matmuls with cuBLASLt's GELU epilogue")
-    return {"gelu": "tanh (FastGelu)", "gemm_fast_gelu": fused}
+    checks = {}
+    if gelus:
+        print(f"GPU graph: GELU in the tanh form ({gelus} layers), {fused} matmuls with cuBLASLt's GELU epilogue")
+        checks.update({"gelu": "tanh (FastGelu)", "gemm_fast_gelu": fused})
+    if biased:
+        print(f"GPU graph: {biased} Q, K and V matmuls with cuBLASLt's bias epilogue")
+        checks["gemm_bias"] = biased
+    return checks
 
 
 def fp32_nodes(path):

@@ -361,8 +361,9 @@ def prepare_all_minilm_l6_v2(cache):
 
 # The CUDA graph's recipe: a cached graph of another recipe is rebuilt
 # (positions counted along input_ids since 2026-12-07, for CUDA graphs; the
-# fp16 graph's feed-forward GELU in cuBLASLt's epilogue since the same day).
-CUDA_RECIPE = "fused-attention-fp16-pooled-positions-counted-gelu-epilogue"
+# fp16 graph's feed-forward GELU in cuBLASLt's epilogue since the same day,
+# and attention's Q, K and V apart, their bias in the epilogue, since then).
+CUDA_RECIPE = "fused-attention-fp16-pooled-positions-counted-gelu-epilogue-qkv-apart"
 
 
 def prepare_minilm_cuda(cache):
@@ -372,7 +373,9 @@ def prepare_minilm_cuda(cache):
     flash or memory-efficient attention on sm80+, SkipLayerNormalization,
     BiasGelu), written in fp32 (model.onnx) and fp16 (model.fp16.onnx, inputs
     and outputs kept int64/float32, its GELU in the tanh form inside
-    cuBLASLt's epilogue: gpu_graph.gemm_fast_gelu). Each variant is checked
+    cuBLASLt's epilogue: gpu_graph.gemm_fast_gelu; attention as Q, K and V
+    matmuls, their bias in the epilogue, and MultiHeadAttention:
+    gpu_graph.split_attention). Each variant is checked
     on the CPU against the float64 numpy network before it is published, and
     its cosine goes into the manifest; an fp16 variant under 0.9999 is not
     published."""
@@ -423,6 +426,11 @@ def prepare_minilm_cuda(cache):
     # cuBLASLt's GELU epilogue; model.onnx keeps erf.
     gelus = gpu_graph.tanh_gelu(optimized.model)
     optimized.convert_float_to_float16(keep_io_types=True, op_block_list=["ReduceSum", "ReduceL2", "Div", "Mul", "Max", "Unsqueeze"])
+    # Attention's Q, K and V apart (gpu_graph.split_attention), checked below.
+    split = gpu_graph.split_attention(optimized.model)
+    if split != cfg["num_hidden_layers"]:
+        raise SystemExit(f"{name}: {split} of {cfg['num_hidden_layers']} layers' attention split into Q, K and V; not publishing it")
+    checks["attention_qkv_apart"] = split
     fp16 = out / "model.fp16.onnx.tmp"
     optimized.save_model_to_file(str(fp16))
     cosines16, max_abs16 = check_bert_onnx(fp16, weights, cfg, out / "tokenizer.json")
@@ -432,8 +440,8 @@ def prepare_minilm_cuda(cache):
     if min(cosines16) >= 0.9999:
         # After the check, which the CPU cannot run with eeane's operator.
         epilogues = gpu_graph.epilogues(fp16, gelus)
-        if epilogues.get("gemm_fast_gelu") != gelus or gelus != cfg["num_hidden_layers"]:
-            raise SystemExit(f"{name}: {gelus} GELUs, {epilogues} fused into their matmuls, for {cfg['num_hidden_layers']} layers; not publishing it")
+        if epilogues.get("gemm_fast_gelu") != gelus or gelus != cfg["num_hidden_layers"] or epilogues.get("gemm_bias") != 3 * split:
+            raise SystemExit(f"{name}: {gelus} GELUs and {split} attentions, {epilogues} fused into their matmuls, for {cfg['num_hidden_layers']} layers; not publishing it")
         checks.update(epilogues)
         os.replace(fp16, out / "model.fp16.onnx")
     else:

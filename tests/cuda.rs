@@ -110,17 +110,22 @@ fn gpu_variants_are_prepared_and_checked_on_the_cpu() {
     assert!(checks["fp32_min_cosine_vs_numpy_float64"].as_f64().unwrap() >= 0.99999, "{checks}");
     assert!(checks["fp16_min_cosine_vs_numpy_float64"].as_f64().unwrap() >= 0.9999, "{checks}");
     assert_eq!(checks["gemm_fast_gelu"], 6, "{checks}");
+    // Attention as Q, K and V matmuls (their bias in the epilogue) and one
+    // MultiHeadAttention, each layer.
+    assert_eq!(checks["attention_qkv_apart"], 6, "{checks}");
+    assert_eq!(checks["gemm_bias"], 18, "{checks}");
     assert!(manifest["files"].get("model.fp16.onnx").is_some(), "the fp16 variant passed its check and is published: {manifest}");
 
     // The fp32 graph served on the CPU (the fused operators have CPU
-    // kernels), and the fp16 graph in the CPU's form (its one CUDA-only
-    // operator written back as MatMul + FastGelu, the same function), held
+    // kernels), and the fp16 graph in the CPU's form (its CUDA-only
+    // operators written back as MatMul + FastGelu and MatMul + Add, the same
+    // functions), held
     // against the Python reference of the plain fp32 model. The published
     // fp16 graph itself is refused on the CPU, naming the fix, while the
     // others serve.
     let work = tempfile::tempdir().unwrap();
     let (fp16_for_the_cpu, written_back) = common::gpu_graph_for_the_cpu(&dir.join("model.fp16.onnx"), work.path());
-    assert_eq!(written_back, 6);
+    assert_eq!(written_back, 6 + 18);
     let texts = fixture_texts();
     let expected = reference(&texts, 256);
     let entry = |id: &str, file: &Path| {

@@ -456,14 +456,15 @@ impl CheckingClients {
 
 /// The GPU's graph at `graph` (model.fp16.onnx of a CUDA-prepared model) in
 /// the form the CPU runs, written into `dir`: each of eeane's CUDA operators
-/// (ai.eeane.cuda:GemmFastGelu) back to MatMul and FastGelu, the same
-/// function (models/gpu_graph.py's expand_gemm_fast_gelu), weights inline.
+/// back to what computes the same function on the CPU (GemmFastGelu to
+/// MatMul and FastGelu, GemmBias to MatMul and Add: models/gpu_graph.py's
+/// expand_cuda_operators), weights inline.
 /// Returns its path and how many operators were written back.
 pub fn gpu_graph_for_the_cpu(graph: &Path, dir: &Path) -> (PathBuf, usize) {
     let out = dir.join(format!("{}.cpu.onnx", graph.file_stem().unwrap().to_string_lossy()));
     let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models");
     let program = "import sys; sys.path.insert(0, sys.argv[1]); import onnx, gpu_graph; \
-                   m = onnx.load(sys.argv[2]); print(gpu_graph.expand_gemm_fast_gelu(m)); onnx.save_model(m, sys.argv[3])";
+                   m = onnx.load(sys.argv[2]); print(gpu_graph.expand_cuda_operators(m)); onnx.save_model(m, sys.argv[3])";
     let python = std::env::var_os("EEANE_PYTHON").map(PathBuf::from).unwrap_or_else(|| cache_dir().join("venv/bin/python"));
     let done = Command::new(&python).args(["-c", program]).arg(&models).arg(graph).arg(&out).output().unwrap();
     assert!(done.status.success(), "{}: {}", graph.display(), String::from_utf8_lossy(&done.stderr));

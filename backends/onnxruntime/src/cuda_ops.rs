@@ -1,6 +1,7 @@
-//! An operator of eeane's own for ONNX Runtime's CUDA provider, which lacks
-//! it: `ai.eeane.cuda:GemmFastGelu(X, W, bias) = FastGelu(X·W + bias)`, one
-//! cuBLASLt matmul whose epilogue adds the bias and applies GELU.
+//! Operators of eeane's own for ONNX Runtime's CUDA provider, which lacks
+//! them, each one cuBLASLt matmul with an epilogue:
+//! `ai.eeane.cuda:GemmFastGelu(X, W, bias) = FastGelu(X·W + bias)` and
+//! `ai.eeane.cuda:GemmBias(X, W, bias) = X·W + bias`.
 //!
 //! Why: in a BERT layer the CUDA provider runs the feed-forward's first
 //! matmul, then BiasGelu over its output (1,536 values a token for
@@ -11,6 +12,10 @@
 //! not the erf form that BERT was trained with: models/prepare.py checks the
 //! graph with FastGelu on the CPU against the float64 network before it
 //! writes this operator in, and the card's fp16 gate checks it again.
+//! Likewise the Attention operator's Q/K/V bias is added by a kernel that
+//! also transposes its packed output (11 % of the kernels' time); with Q, K
+//! and V as three GemmBias into MultiHeadAttention
+//! (models/gpu_graph.py's `split_attention`) neither pass remains.
 //!
 //! cuBLASLt is the library the CUDA provider itself loads
 //! (`cuda::preload`), opened here by the same path; cudarc gives its types.
@@ -123,7 +128,7 @@ fn lt() -> ort::Result<&'static CublasLt> {
 fn check(what: &str, status: cublasStatus_t) -> ort::Result<()> {
     match status {
         cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
-        other => Err(ort::Error::new(format!("{DOMAIN}:GemmFastGelu: {what} returned {other:?}"))),
+        other => Err(ort::Error::new(format!("{DOMAIN}: {what} returned {other:?}"))),
     }
 }
 
@@ -131,18 +136,32 @@ fn check(what: &str, status: cublasStatus_t) -> ort::Result<()> {
 /// is libcublasLt's path, the one the provider loaded.
 pub fn domain(cublas_lt: &Path) -> Result<OperatorDomain, EngineError> {
     CUBLASLT.get_or_init(|| open(cublas_lt)).as_ref().map_err(Clone::clone)?;
-    OperatorDomain::new(DOMAIN).and_then(|d| d.add(GemmFastGelu)).map_err(|e| EngineError::Runtime(format!("cannot register the {DOMAIN} operators: {e}")))
+    OperatorDomain::new(DOMAIN)
+        .and_then(|d| d.add(Gemm::FAST_GELU))
+        .and_then(|d| d.add(Gemm::BIAS))
+        .map_err(|e| EngineError::Runtime(format!("cannot register the {DOMAIN} operators: {e}")))
 }
 
-/// `Y = FastGelu(X·W + bias)`: X fp16 [.., K], W fp16 [K, N], bias fp16 [N],
+/// `Y = epilogue(X·W + bias)`: X fp16 [.., K], W fp16 [K, N], bias fp16 [N],
 /// Y fp16 [.., N]; compute and scale in fp32, as the CUDA provider's MatMul.
-struct GemmFastGelu;
+#[derive(Clone, Copy)]
+struct Gemm {
+    name: &'static str,
+    epilogue: cublasLtEpilogue_t,
+}
 
-impl Operator for GemmFastGelu {
-    type Kernel<'attr> = GemmFastGeluKernel;
+impl Gemm {
+    /// GELU in the tanh form after the bias.
+    const FAST_GELU: Gemm = Gemm { name: "GemmFastGelu", epilogue: cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS };
+    /// The bias alone.
+    const BIAS: Gemm = Gemm { name: "GemmBias", epilogue: cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS };
+}
+
+impl Operator for Gemm {
+    type Kernel<'attr> = GemmKernel;
 
     fn name(&self) -> &str {
-        "GemmFastGelu"
+        self.name
     }
 
     fn execution_provider_type(&self) -> Option<&str> {
@@ -157,17 +176,17 @@ impl Operator for GemmFastGelu {
         [OperatorOutput::required(TensorElementType::Float16)]
     }
 
-    fn create_kernel<'attr>(&self, kctx: &KernelContext<'attr>) -> ort::Result<GemmFastGeluKernel> {
+    fn create_kernel<'attr>(&self, kctx: &KernelContext<'attr>) -> ort::Result<GemmKernel> {
         let lt = lt()?;
         let allocator = kctx.allocator(MemoryType::Default)?;
         let workspace = allocator.alloc::<u8>(WORKSPACE_BYTES)?.into_raw();
         let mut kernel =
-            GemmFastGeluKernel { allocator, workspace, handle: ptr::null_mut(), desc: ptr::null_mut(), pref: ptr::null_mut(), plans: HashMap::new() };
+            GemmKernel { name: self.name, allocator, workspace, handle: ptr::null_mut(), desc: ptr::null_mut(), pref: ptr::null_mut(), plans: HashMap::new() };
         // SAFETY: out-pointers to handles the kernel owns and destroys in Drop.
         unsafe {
             check("cublasLtCreate", (lt.create)(&mut kernel.handle))?;
             check("cublasLtMatmulDescCreate", (lt.desc_create)(&mut kernel.desc, cublasComputeType_t::CUBLAS_COMPUTE_32F, cudaDataType::CUDA_R_32F))?;
-            let epilogue = cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS;
+            let epilogue = self.epilogue;
             check(
                 "cublasLtMatmulDescSetAttribute(EPILOGUE)",
                 (lt.desc_set)(
@@ -195,9 +214,9 @@ impl Operator for GemmFastGelu {
     fn infer_shape(&self, ctx: &mut ShapeInferenceContext) -> ort::Result<()> {
         let inputs = ctx.inputs();
         let (Some(ValueType::Tensor { ty, shape: x, dimension_symbols }), Some(ValueType::Tensor { shape: w, .. })) = (inputs.first(), inputs.get(1)) else {
-            return Err(ort::Error::new("GemmFastGelu takes tensors"));
+            return Err(ort::Error::new(format!("{} takes tensors", self.name)));
         };
-        let (Some(_), Some(&n)) = (x.last(), w.last()) else { return Err(ort::Error::new("GemmFastGelu takes X [.., K] and W [K, N]")) };
+        let (Some(_), Some(&n)) = (x.last(), w.last()) else { return Err(ort::Error::new(format!("{} takes X [.., K] and W [K, N]", self.name))) };
         let mut shape = x.clone();
         let last = shape.len() - 1;
         shape[last] = n;
@@ -215,7 +234,9 @@ struct Plan {
     algo: cublasLtMatmulAlgo_t,
 }
 
-struct GemmFastGeluKernel {
+struct GemmKernel {
+    /// The operator's name, for errors.
+    name: &'static str,
     allocator: Allocator,
     workspace: *mut c_void,
     handle: cublasLtHandle_t,
@@ -229,9 +250,9 @@ struct GemmFastGeluKernel {
 // alone uses; a kernel belongs to one session, and eeane runs a session from
 // one engine at a time (`Engine::run` takes `&mut self`), so its computes
 // never overlap.
-unsafe impl Send for GemmFastGeluKernel {}
+unsafe impl Send for GemmKernel {}
 
-impl GemmFastGeluKernel {
+impl GemmKernel {
     /// Row-major Y[M,N] = X[M,K]·W[K,N] is column-major Yᵀ = Wᵀ·Xᵀ: cuBLASLt's
     /// A is W as an N×K matrix, B is X as K×M, D is Y as N×M, and its bias
     /// (one value per row of D) is the model's bias over N.
@@ -249,7 +270,7 @@ impl GemmFastGeluKernel {
                         let mut count = 0;
                         let status = (lt.heuristic)(self.handle, self.desc, plan.w, plan.x, plan.y, plan.y, self.pref, 1, &mut found, &mut count);
                         if status != cublasStatus_t::CUBLAS_STATUS_SUCCESS || count == 0 {
-                            return Err(ort::Error::new(format!("{DOMAIN}:GemmFastGelu: cuBLASLt has no algorithm for [{m}, {k}]·[{k}, {n}] ({status:?})")));
+                            return Err(ort::Error::new(format!("{DOMAIN}:{}: cuBLASLt has no algorithm for [{m}, {k}]·[{k}, {n}] ({status:?})", self.name)));
                         }
                         plan.algo = found.algo;
                         Ok(())
@@ -267,30 +288,31 @@ impl GemmFastGeluKernel {
     }
 }
 
-impl Kernel for GemmFastGeluKernel {
+impl Kernel for GemmKernel {
     fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
         let lt = lt()?;
-        let missing = || ort::Error::new("GemmFastGelu: an input is missing");
+        let name = self.name;
+        let missing = || ort::Error::new(format!("{name}: an input is missing"));
         let x = ctx.input(0)?.ok_or_else(missing)?.downcast::<DynTensorValueType>()?;
         let w = ctx.input(1)?.ok_or_else(missing)?.downcast::<DynTensorValueType>()?;
         let bias = ctx.input(2)?.ok_or_else(missing)?.downcast::<DynTensorValueType>()?;
         let (x_shape, w_shape) = (x.shape().to_vec(), w.shape().to_vec());
         let (&[k_w, n], Some(&k)) = (w_shape.as_slice(), x_shape.last()) else {
-            return Err(ort::Error::new(format!("GemmFastGelu: W is {w_shape:?}, not [K, N]")));
+            return Err(ort::Error::new(format!("{name}: W is {w_shape:?}, not [K, N]")));
         };
         if k != k_w || bias.shape().iter().product::<i64>() != n {
-            return Err(ort::Error::new(format!("GemmFastGelu: X {x_shape:?}, W {w_shape:?}, bias {:?} do not agree", bias.shape())));
+            return Err(ort::Error::new(format!("{name}: X {x_shape:?}, W {w_shape:?}, bias {:?} do not agree", bias.shape())));
         }
         let m: i64 = x_shape[..x_shape.len() - 1].iter().product();
         let mut y_shape = x_shape.clone();
         *y_shape.last_mut().expect("X has a last axis") = n;
-        let y = ctx.output(0, y_shape)?.ok_or_else(|| ort::Error::new("GemmFastGelu: no output"))?.downcast::<DynTensorValueType>()?;
+        let y = ctx.output(0, y_shape)?.ok_or_else(|| ort::Error::new(format!("{name}: no output")))?.downcast::<DynTensorValueType>()?;
         if m == 0 {
             return Ok(());
         }
         // ONNX Runtime's stream for this session: the default stream would
         // not be ordered with the provider's kernels.
-        let stream = ctx.stream()?.ok_or_else(|| ort::Error::new("GemmFastGelu: the CUDA provider gave no compute stream"))?.as_ptr().cast();
+        let stream = ctx.stream()?.ok_or_else(|| ort::Error::new(format!("{name}: the CUDA provider gave no compute stream")))?.as_ptr().cast();
         let (x_ptr, w_ptr, bias_ptr, y_ptr) = (x.data_ptr(), w.data_ptr(), bias.data_ptr(), y.data_ptr().cast_mut());
         let (handle, desc, workspace) = (self.handle, self.desc, self.workspace);
         let plan = self.plan(lt, m as u64, k as u64, n as u64)?;
@@ -332,7 +354,7 @@ impl Kernel for GemmFastGeluKernel {
     }
 }
 
-impl Drop for GemmFastGeluKernel {
+impl Drop for GemmKernel {
     fn drop(&mut self) {
         let Ok(lt) = lt() else { return };
         // SAFETY: objects created by this kernel, destroyed once; the
