@@ -9,7 +9,8 @@ that every engine reads.
   per layer; the BERT family the Attention operator that ONNX Runtime's
   transformer optimizer fuses (as models/prepare.py does for the catalog's
   all-minilm-l6-v2-cuda), then split into Q, K and V matmuls and one
-  MultiHeadAttention (`split_attention`). An MPNet graph keeps its
+  MultiHeadAttention (`split_attention`; weights inline only, so not at
+  BERT-large's size, whose fp16 weights go to a data file). An MPNet graph keeps its
   attention unfused (its relative position bias has no fused pattern); it
   is still fp16.
 - **Pooled inside.** The graph ends in the model's pooling (mean, cls or
@@ -229,9 +230,10 @@ def split_attention(model):
     buffer, then a kernel that adds the bias and transposes it into the
     layout of cuDNN's flash attention, 11 % of all-MiniLM-L6-v2's kernel
     time on an H100 (docs/performance.md). MultiHeadAttention takes Q, K
-    and V as [batch, tokens, N] with no bias straight into that kernel, and
-    `gemm_epilogues` then hands each MatMul + Add to cuBLASLt with the bias
-    in its epilogue. Returns the count."""
+    and V as [batch, tokens, N] with no bias straight into its attention
+    kernel, and `gemm_bias` then hands each MatMul + Add to cuBLASLt with
+    the bias in its epilogue. Weights in an external data file (fp16
+    graphs of BERT-large size) are left packed. Returns the count."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
@@ -253,7 +255,7 @@ def split_attention(model):
         inputs = list(node.input) + [""] * 4
         x, w, b, mask = inputs[:4]
         mask_from = producer.get(mask)
-        if (node.op_type != "Attention" or node.domain != "com.microsoft" or any(inputs[4:])
+        if (node.op_type != "Attention" or node.domain != "com.microsoft" or any(inputs[4:]) or any(node.output[1:])
                 or set(attrs) - {"num_heads", "mask_filter_value", "scale", "unidirectional"} or attrs.get("unidirectional", 0)
                 or not (inline(w) and inline(b)) or mask_from is None
                 or (mask_from[0].op_type, mask_from[1]) != ("EmbedLayerNormalization", 1)):
@@ -274,7 +276,7 @@ def split_attention(model):
             nodes.append(helper.make_node("Add", [mm, pb], [out], name=f"{name}_{part}_add"))
             parts.append(out)
         kept = {k: v for k, v in attrs.items() if k != "unidirectional"}
-        nodes.append(helper.make_node("MultiHeadAttention", parts + ["", mask], list(node.output), name=name, domain="com.microsoft", **kept))
+        nodes.append(helper.make_node("MultiHeadAttention", parts + ["", mask], node.output[:1], name=name, domain="com.microsoft", **kept))
         dropped |= {w, b}
         count += 1
     if count:
@@ -383,18 +385,18 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
         shutil.rmtree(work, ignore_errors=True)
 
 
-def expand_cuda_operators(model, gelu="FastGelu"):
-    """`gemm_fast_gelu` and `gemm_bias` undone: each
+def expand_cuda_operators(model, gelu="FastGelu", ops=("GemmFastGelu", "GemmBias")):
+    """`gemm_fast_gelu` and `gemm_bias` undone (those of `ops`): each
     ai.eeane.cuda:GemmFastGelu back to MatMul and com.microsoft's `gelu`
     (FastGelu, the same function; BiasGelu, the erf form the graph had
     before), each GemmBias back to MatMul and Add, for a runtime without
     eeane's operators: the CPU, or a measurement against the unfused graph.
-    Returns the count of both."""
+    Returns the count written back."""
     from onnx import helper
 
     nodes, count = [], 0
     for node in model.graph.node:
-        if node.op_type in ("GemmFastGelu", "GemmBias") and node.domain == EEANE_CUDA_DOMAIN:
+        if node.op_type in ops and node.domain == EEANE_CUDA_DOMAIN:
             x, w, bias = node.input
             product = node.output[0] + "_matmul"
             nodes.append(helper.make_node("MatMul", [x, w], [product], name=node.name + "_matmul"))
@@ -407,9 +409,10 @@ def expand_cuda_operators(model, gelu="FastGelu"):
             nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    kept = [o for o in model.opset_import if o.domain != EEANE_CUDA_DOMAIN]
-    del model.opset_import[:]
-    model.opset_import.extend(kept)
+    if not any(n.domain == EEANE_CUDA_DOMAIN for n in nodes):
+        kept = [o for o in model.opset_import if o.domain != EEANE_CUDA_DOMAIN]
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
     return count
 
 

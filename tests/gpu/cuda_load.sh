@@ -154,9 +154,11 @@ for tag in ${STOP_LAYOUTS:-x8-thread x4-process}; do
     sleep $((attempt * 2))
     kill -TERM $server
     wait $server
-    echo "$tag, attempt $attempt: SIGTERM after $((attempt * 2)) s under 1,024 connections: exit status $?" | tee -a "$OUT/stop.txt"
+    status=$?
+    [ "$status" = 0 ] || stop_failures=$((${stop_failures:-0} + 1))
+    echo "$tag, attempt $attempt: SIGTERM after $((attempt * 2)) s under 1,024 connections: exit status $status" | tee -a "$OUT/stop.txt"
     kill $load 2>/dev/null; wait $load 2>/dev/null
   done
 done
-# The step's status is its servers' (above), not the last wrk's, which was killed.
-exit 0
+# The step fails when a server did not exit 0 (not on the killed wrk's status).
+[ "${stop_failures:-0}" = 0 ] || { echo "stop: ${stop_failures} of the servers did not exit 0"; exit 1; }

@@ -4,7 +4,8 @@ the manifest's sha256 set to match (eeane refuses a file its manifest does
 not name). What is written back, any of:
 
 - `gelu`: each ai.eeane.cuda:GemmFastGelu to MatMul and com.microsoft's
-  BiasGelu (erf, its own kernel), as before cuBLASLt's GELU epilogue;
+  BiasGelu (erf, its own kernel), as before cuBLASLt's GELU epilogue
+  (GemmBias stays);
 - `qkv`: each MultiHeadAttention over three ai.eeane.cuda:GemmBias of one
   input to one com.microsoft Attention over the packed Q/K/V weight and
   bias, as before models/gpu_graph.py's `split_attention`.
@@ -38,7 +39,10 @@ def join_attention(model):
             continue
         inputs = list(node.input) + [""] * 5
         gemms = [producer.get(name) for name in inputs[:3]]
-        if inputs[3] or any(g is None or g.op_type != "GemmBias" for g in gemms) or len({g.input[0] for g in gemms}) != 1:
+        readers = [n for n in graph.node for name in n.input if name in inputs[:3]]
+        if (inputs[3] or any(inputs[5:]) or any(node.output[1:]) or len(readers) != 3
+                or any(g is None or (g.op_type, g.domain) != ("GemmBias", gpu_graph.EEANE_CUDA_DOMAIN) for g in gemms)
+                or len({g.input[0] for g in gemms}) != 1):
             continue
         weight = np.concatenate([numpy_helper.to_array(initializers[g.input[1]]) for g in gemms], axis=1)
         bias = np.concatenate([numpy_helper.to_array(initializers[g.input[2]]) for g in gemms])
@@ -55,7 +59,8 @@ def join_attention(model):
     kept = [replacement.get(id(n), n) for n in graph.node if id(n) not in gone]
     del graph.node[:]
     graph.node.extend(kept)
-    inits = [t for t in graph.initializer if t.name not in dropped] + added
+    still_read = {name for n in kept for name in n.input}
+    inits = [t for t in graph.initializer if t.name not in dropped or t.name in still_read] + added
     del graph.initializer[:]
     graph.initializer.extend(inits)
     return count
@@ -73,7 +78,7 @@ said = []
 if "qkv" in undo:
     said.append(f"{join_attention(model)} MultiHeadAttention over GemmBias joined into Attention")
 if "gelu" in undo:
-    said.append(f"{gpu_graph.expand_cuda_operators(model, gelu='BiasGelu')} of eeane's operators written back to MatMul + BiasGelu / Add")
+    said.append(f"{gpu_graph.expand_cuda_operators(model, gelu='BiasGelu', ops=('GemmFastGelu',))} GemmFastGelu written back to MatMul + BiasGelu")
 onnx.save_model(model, str(graph))
 manifest = json.loads((dst / "manifest.json").read_text())
 manifest["files"][gpu_graph.GRAPH] = sha256(graph)

@@ -125,10 +125,11 @@ fn lt() -> ort::Result<&'static CublasLt> {
     }
 }
 
-fn check(what: &str, status: cublasStatus_t) -> ort::Result<()> {
+/// `operator`: the operator's name, so that an error says which one failed.
+fn check(operator: &str, what: &str, status: cublasStatus_t) -> ort::Result<()> {
     match status {
         cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
-        other => Err(ort::Error::new(format!("{DOMAIN}: {what} returned {other:?}"))),
+        other => Err(ort::Error::new(format!("{DOMAIN}:{operator}: {what} returned {other:?}"))),
     }
 }
 
@@ -184,10 +185,15 @@ impl Operator for Gemm {
             GemmKernel { name: self.name, allocator, workspace, handle: ptr::null_mut(), desc: ptr::null_mut(), pref: ptr::null_mut(), plans: HashMap::new() };
         // SAFETY: out-pointers to handles the kernel owns and destroys in Drop.
         unsafe {
-            check("cublasLtCreate", (lt.create)(&mut kernel.handle))?;
-            check("cublasLtMatmulDescCreate", (lt.desc_create)(&mut kernel.desc, cublasComputeType_t::CUBLAS_COMPUTE_32F, cudaDataType::CUDA_R_32F))?;
+            check(self.name, "cublasLtCreate", (lt.create)(&mut kernel.handle))?;
+            check(
+                self.name,
+                "cublasLtMatmulDescCreate",
+                (lt.desc_create)(&mut kernel.desc, cublasComputeType_t::CUBLAS_COMPUTE_32F, cudaDataType::CUDA_R_32F),
+            )?;
             let epilogue = self.epilogue;
             check(
+                self.name,
                 "cublasLtMatmulDescSetAttribute(EPILOGUE)",
                 (lt.desc_set)(
                     kernel.desc,
@@ -196,9 +202,10 @@ impl Operator for Gemm {
                     size_of_val(&epilogue),
                 ),
             )?;
-            check("cublasLtMatmulPreferenceCreate", (lt.pref_create)(&mut kernel.pref))?;
+            check(self.name, "cublasLtMatmulPreferenceCreate", (lt.pref_create)(&mut kernel.pref))?;
             let bytes = WORKSPACE_BYTES as u64;
             check(
+                self.name,
                 "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)",
                 (lt.pref_set)(
                     kernel.pref,
@@ -262,9 +269,9 @@ impl GemmKernel {
             // SAFETY: layouts this kernel owns (destroyed in Drop), and the
             // heuristic's out-pointers.
             unsafe {
-                let made = check("cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.w, cudaDataType::CUDA_R_16F, n, k, n as i64))
-                    .and_then(|()| check("cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.x, cudaDataType::CUDA_R_16F, k, m, k as i64)))
-                    .and_then(|()| check("cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.y, cudaDataType::CUDA_R_16F, n, m, n as i64)))
+                let made = check(self.name, "cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.w, cudaDataType::CUDA_R_16F, n, k, n as i64))
+                    .and_then(|()| check(self.name, "cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.x, cudaDataType::CUDA_R_16F, k, m, k as i64)))
+                    .and_then(|()| check(self.name, "cublasLtMatrixLayoutCreate", (lt.layout_create)(&mut plan.y, cudaDataType::CUDA_R_16F, n, m, n as i64)))
                     .and_then(|()| {
                         let mut found = std::mem::zeroed::<cublasLtMatmulHeuristicResult_t>();
                         let mut count = 0;
@@ -321,6 +328,7 @@ impl Kernel for GemmKernel {
         // against the layouts; the bias attribute is read at enqueue time.
         unsafe {
             check(
+                name,
                 "cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
                 (lt.desc_set)(
                     desc,
@@ -330,6 +338,7 @@ impl Kernel for GemmKernel {
                 ),
             )?;
             check(
+                name,
                 "cublasLtMatmul",
                 (lt.matmul)(
                     handle,
