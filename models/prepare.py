@@ -440,7 +440,7 @@ def prepare_minilm_cuda(cache):
         epilogues = gpu_graph.epilogues(fp16, gelus)
         layers = cfg["num_hidden_layers"]
         if epilogues.get("gemm_fast_gelu") != gelus or gelus != layers or split != layers or epilogues.get("gemm_bias") != 3 * split:
-            raise SystemExit(f"{name}: {gelus} GELUs and {split} attentions, {epilogues} fused into their matmuls, for {cfg['num_hidden_layers']} layers; not publishing it")
+            raise SystemExit(f"{name}: {gelus} GELUs and {split} attentions, {epilogues} fused into their matmuls, for {layers} layers; not publishing it")
         checks.update(epilogues)
         os.replace(fp16, out / "model.fp16.onnx")
     else:
