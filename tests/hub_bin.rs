@@ -15,19 +15,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::hub::{files_under, pull_with, python, script, sha256_hex, the_snapshot, LookAlike};
+use common::hub::{files_under, laid_out_once, pull_with, python, script, sha256_hex, the_snapshot, LookAlike};
 use serde_json::Value;
 
 /// The repositories, built once per test binary into one folder under target/.
 fn repos() -> &'static Path {
-    static REPOS: OnceLock<PathBuf> = OnceLock::new();
-    REPOS.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hub-bin-repos");
-        let _ = std::fs::remove_dir_all(&dir);
-        let status = Command::new(python()).arg(script("make_bin_repos.py")).arg(&dir).status().unwrap();
-        assert!(status.success(), "make_bin_repos.py failed");
-        dir
-    })
+    static REPOS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hub-bin-repos");
+    let mut make_bin_repos = Command::new(python());
+    make_bin_repos.arg(script("make_bin_repos.py")).arg(&dir);
+    laid_out_once(&REPOS, dir, make_bin_repos)
 }
 
 fn fixture(name: &str) -> PathBuf {

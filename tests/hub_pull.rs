@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::hub::{files_under, on_the_cpu, pull_with, python, repo_dir, script, sha256_hex, the_snapshot, LookAlike, Pulled};
+use common::hub::{files_under, laid_out_once, on_the_cpu, pull_with, python, repo_dir, script, sha256_hex, the_snapshot, LookAlike, Pulled};
 
 use serde_json::Value;
 
@@ -21,15 +21,12 @@ const MINILM: &str = "sentence-transformers/all-MiniLM-L6-v2";
 /// target/ that each run replaces (a temporary folder in a static is never
 /// dropped, so each run left its 1.7 GB of repositories behind).
 fn repos() -> &'static Path {
-    static REPOS: OnceLock<PathBuf> = OnceLock::new();
-    REPOS.get_or_init(|| {
-        common::minilm_dir();
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hub-repos");
-        let _ = std::fs::remove_dir_all(&dir);
-        let status = Command::new(python()).arg(script("make_repos.py")).arg("--cache").arg(common::cache_dir()).arg(&dir).status().unwrap();
-        assert!(status.success(), "make_repos.py failed");
-        dir
-    })
+    static REPOS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    common::minilm_dir();
+    let mut make_repos = Command::new(python());
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hub-repos");
+    make_repos.arg(script("make_repos.py")).arg("--cache").arg(common::cache_dir()).arg(&dir);
+    laid_out_once(&REPOS, dir, make_repos)
 }
 
 /// The look-alike serving make_repos.py's repositories.
@@ -1026,4 +1023,22 @@ fn a_repository_is_prepared_once_by_a_server_and_a_pull_at_once() {
     distinct.sort();
     distinct.dedup();
     assert!(!fetched.is_empty() && fetched.len() == distinct.len(), "a file was fetched twice: {fetched:?}");
+}
+
+/// A lay-out that fails is run once, and each caller fails with its stderr.
+#[test]
+fn a_failed_lay_out_runs_once_and_names_its_cause() {
+    static FAILED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let tries = tempfile::tempdir().unwrap();
+    let try_once = || {
+        let mut failing = Command::new("sh");
+        failing.arg("-c").arg("echo try >> \"$0\"; echo 'No space left on device' >&2; exit 3").arg(tries.path().join("tries"));
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| laid_out_once(&FAILED, tries.path().join("never"), failing).to_path_buf())).unwrap_err()
+    };
+    for _ in 0..2 {
+        let cause = try_once();
+        let cause = cause.downcast_ref::<String>().unwrap();
+        assert!(cause.contains("No space left on device") && cause.contains("exit status: 3"), "{cause}");
+    }
+    assert_eq!(std::fs::read_to_string(tries.path().join("tries")).unwrap(), "try\n");
 }

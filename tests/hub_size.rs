@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::hub::{on_the_cpu, python, LookAlike};
+use common::hub::{laid_out_once, on_the_cpu, python, LookAlike};
 
 use serde_json::Value;
 
@@ -29,11 +29,9 @@ fn root() -> &'static Path {
 /// external-data build, its in-one-file twin, check-config and a repository
 /// no test pulls; built once per run under target/.
 fn repos() -> &'static Path {
-    static REPOS: OnceLock<PathBuf> = OnceLock::new();
-    REPOS.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hub-size-repos");
-        let _ = std::fs::remove_dir_all(&dir);
-        let code = "import shutil, sys\n\
+    static REPOS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hub-size-repos");
+    let code = "import shutil, sys\n\
                     from pathlib import Path\n\
                     sys.path[:0] = [sys.argv[3], sys.argv[4]]\n\
                     import make_repos\n\
@@ -43,17 +41,9 @@ fn repos() -> &'static Path {
                     make_repos.sharded(out / 'qwen3-tiny', out / 'qwen3-tiny-bf16-sharded', bf16=True)\n\
                     for copy in ('qwen3-tiny-external', 'qwen3-tiny-inline', 'qwen3-tiny-counted', 'qwen3-tiny-never-pulled'):\n\
                     \x20   shutil.copytree(out / 'qwen3-tiny', out / copy)\n";
-        let status = Command::new(python())
-            .args(["-c", code])
-            .arg(&dir)
-            .arg(root().join("tests/hub/fixtures/qwen3-tiny"))
-            .arg(root().join("tests/hub"))
-            .arg(root().join("models"))
-            .status()
-            .unwrap();
-        assert!(status.success(), "laying out the repositories failed");
-        dir
-    })
+    let mut lay_out = Command::new(python());
+    lay_out.args(["-c", code]).arg(&dir).arg(root().join("tests/hub/fixtures/qwen3-tiny")).arg(root().join("tests/hub")).arg(root().join("models"));
+    laid_out_once(&REPOS, dir, lay_out)
 }
 
 /// The look-alike serving the repositories above (none gated).

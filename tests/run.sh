@@ -4,6 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "tests/run.sh: cargo not found; install Rust (rustup) first" >&2; exit 1; }
+# A fresh run writes about 12 GiB: target/ 6 (the Hub look-alike's
+# repositories 2 of it) and the cache 5. A disk that fills fails tests far
+# from the cause (make_repos.py, then every Hub test), so it is said first.
+cache=${EEANE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/eeane}
+mkdir -p "$cache"
+for where in . "$cache"; do
+  free_gib=$(df -Pk "$where" | awk 'NR == 2 { print int($4 / 1048576) }')
+  if [ "${free_gib:-0}" -lt 12 ]; then
+    echo "tests/run.sh: WARNING: $free_gib GiB free under $(cd "$where" && pwd); a fresh run writes about 12 GiB, and tests fail when the disk fills" >&2
+  fi
+done
 # The pinned toolchain (rust-toolchain.toml). Offline, rustup cannot fetch it:
 # an installed stable of the same version is linked under its name instead.
 pinned=$(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)

@@ -3,7 +3,31 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// The folder `dir` (under target/, replaced on each run) laid out once per
+/// test binary by `command`. A failure is kept with the tail of the command's
+/// stderr: every test that needs the folder fails at once with that cause,
+/// rather than laying it out again (a disk that filled once cost 17 tries of
+/// half a minute each, and the cause sat in none of the failures' messages).
+pub fn laid_out_once(cell: &OnceLock<Result<PathBuf, String>>, dir: PathBuf, mut command: Command) -> &Path {
+    let laid_out = cell.get_or_init(|| {
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = command.stderr(Stdio::piped()).output().map_err(|e| format!("{command:?} did not start: {e}"))?;
+        if out.status.success() {
+            return Ok(dir);
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        Err(format!("laying out {} failed ({}): {command:?}\n{}", dir.display(), out.status, tail.join("\n")))
+    });
+    match laid_out {
+        Ok(dir) => dir,
+        Err(cause) => panic!("{cause}"),
+    }
+}
 
 pub fn python() -> PathBuf {
     super::cache_dir().join("venv/bin/python")
