@@ -14,7 +14,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("EEANE_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/eeane"))
+    // Where models/setup.sh and eeane put it: EEANE_CACHE_DIR, else $XDG_CACHE_HOME/eeane, else ~/.cache/eeane.
+    let xdg = || std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache"));
+    std::env::var_os("EEANE_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| xdg().join("eeane"))
 }
 
 /// A `[[models]]` entry for a prepared model directory (`all-minilm-l6-v2`,
