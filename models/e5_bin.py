@@ -11,9 +11,12 @@ Dequantizing is exact, so the fp32 weights we build are the model's own.
 Token ids in the file follow XLM-R's HF ("fairseq") convention: <s>=0, <pad>=1,
 </s>=2, <unk>=3, then SentencePiece pieces, <mask> last.
 """
+import io
 import struct
 
 import numpy as np
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as pb
 
 HF_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
 
@@ -77,7 +80,7 @@ class E5Bin:
         return w[:count] if rows is None else w[:count].reshape(rows, -1)
 
     def bert_weights(self, row_order):
-        """Weights under HF BERT names (bert_onnx's), word rows in `row_order`."""
+        """Weights under HF BERT names (families/bert.py's), word rows in `row_order`."""
         H = self.H
         w = {
             "embeddings.word_embeddings.weight": self.tensor("emb.word", self.vocab)[row_order],
@@ -158,11 +161,6 @@ def nmt_nfkc_normalizer():
     """SentencePiece's own nmt_nfkc normalizer spec (the one XLM-R was trained
     with), taken from a throwaway training run so its precompiled charsmap is
     the library's, not a copy."""
-    import io
-
-    import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2 as pb
-
     corpus = ["eeane serves embeddings", "o servidor responde rápido", "fn main() { println!(\"hi\"); }"] * 20
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=buf, vocab_size=40, model_type="unigram",
@@ -178,8 +176,6 @@ def sentencepiece_model(pieces, layout, normalizer):
     """A unigram ModelProto. layout "raw": <pad>=0 <unk>=1 <s>=2 </s>=3 (code-daemon's);
     layout "xlmr": <unk>=0 <s>=1 </s>=2, no pad (XLM-R's sentencepiece.bpe.model,
     which HF's fairseq convention offsets by one)."""
-    from sentencepiece import sentencepiece_model_pb2 as pb
-
     m = pb.ModelProto()
     P = pb.ModelProto.SentencePiece
     specials = {"raw": [("<pad>", P.CONTROL), ("<unk>", P.UNKNOWN), ("<s>", P.CONTROL), ("</s>", P.CONTROL)],

@@ -2,17 +2,19 @@
 CUDA execution provider): `model.fp16.onnx`, beside the fp32 model.onnx
 that every engine reads.
 
-- **Fused attention.** Decoders and Gemma run one GroupQueryAttention
-  (causal) or MultiHeadAttention (bidirectional) per layer and RMSNorm as
-  SimplifiedLayerNormalization (decoder_onnx's `fused` form: the operators
-  ONNX Runtime's own decoder exports use); ModernBERT one MultiHeadAttention
-  per layer; the BERT family the Attention operator that ONNX Runtime's
-  transformer optimizer fuses (as models/prepare.py does for the catalog's
-  all-minilm-l6-v2-cuda), then split into Q, K and V matmuls and one
-  MultiHeadAttention (`split_attention`; weights inline only, so not at
-  BERT-large's size, whose fp16 weights go to a data file). An MPNet graph keeps its
-  attention unfused (its relative position bias has no fused pattern); it
-  is still fp16.
+- **Fused attention**, in the form the family's row of models/families.toml
+  names (`gpu_graph`): "fused", the builder's own `fused` graph (decoders
+  and Gemma: one GroupQueryAttention (causal) or MultiHeadAttention
+  (bidirectional) per layer and RMSNorm as SimplifiedLayerNormalization, the
+  operators ONNX Runtime's own decoder exports use; ModernBERT: one
+  MultiHeadAttention per layer); "optimized", the builder's `fusable` graph
+  whose attention ONNX Runtime's transformer optimizer fuses into its
+  Attention operator (the BERT family, as models/catalog_recipes.py does for
+  the catalog's all-minilm-l6-v2-cuda), then split into Q, K and V matmuls
+  and one MultiHeadAttention (`split_attention`; weights inline only, so not
+  at BERT-large's size, whose fp16 weights go to a data file); "unfused",
+  the builder's plain graph (MPNet: its relative position bias has no fused
+  pattern), still fp16.
 - **Pooled inside.** The graph ends in the model's pooling (mean, cls or
   last token) and its Dense modules, so that a batch brings back one vector
   a text from the GPU, not every token's state; eeane's `normalize` stays
@@ -40,6 +42,13 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+import families
+import graph_builder
+import graph_tail
+from checks import CHECK_TEXTS, cosine, right_padded, run, session, tokenizer as check_tokenizer
 
 GRAPH = "model.fp16.onnx"
 # What made a GPU graph: a Hub model prepared by another is prepared again
@@ -49,10 +58,6 @@ RECIPE = "gelu-epilogue-qkv-apart"
 DATA = "model.fp16.onnx_data"
 # Pooling the graph can end in (eeane's names).
 POOLINGS = ("mean", "cls", "last_token")
-
-
-def _cosine(a, b):
-    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def why_not(settings, repository_onnx):
@@ -68,52 +73,49 @@ def why_not(settings, repository_onnx):
     return None
 
 
-def _fused_fp32(work, weights_folder, cfg, fp32_bytes, build_into):
-    """work/model.onnx: the fused fp32 graph, token states out (written by
-    prepare's `build_into`, with external data when large). Returns (the
-    path, what fused the attention, the numpy network of one text, the
-    tokens a check text is cut to)."""
-    import bert_onnx
-    import decoder_onnx
-    import graph_builder
-    import modernbert_onnx
+def _fused_fp32(work, family_name, weights_folder, cfg, fp32_bytes):
+    """work/model.onnx: the fused fp32 graph, token states out, in the form
+    the family's row names (families.toml `gpu_graph`), with external data
+    when large. Returns (the path, what fused the attention, the numpy
+    network of one text, the tokens a check text is cut to)."""
+    family = families.builder(family_name)
+    form = families.row(family_name)["gpu_graph"]
+    weights, cfg = family.prepare_weights(graph_builder.open_checkpoint(weights_folder), cfg)
+    max_tokens = family.check_tokens(cfg)
 
-    weights = graph_builder.open_checkpoint(weights_folder)
-    kind = cfg.get("model_type")
-    if kind in decoder_onnx.FAMILIES + modernbert_onnx.FAMILIES:
-        builder = modernbert_onnx if kind in modernbert_onnx.FAMILIES else decoder_onnx
-        path = build_into(work, builder.build_graph, weights, cfg, fp32_bytes, fused=True)
+    def network(ids):
+        return family.numpy_forward(weights, cfg, ids)
+
+    if form == "fused":
+        path = graph_builder.build_into(work, family.build_graph, weights, cfg, fp32_bytes, fused=True)
         ops = sorted({n.op_type for n in _load(path, data=False).graph.node if n.op_type.endswith("Attention")})
-        return path, ", ".join(ops), lambda ids: builder.numpy_forward(weights, cfg, ids), 256
+        return path, ", ".join(ops), network, max_tokens
+    if form not in ("optimized", "unfused"):
+        raise SystemExit(f"family {family_name!r}: gpu_graph {form!r} in models/families.toml is none of fused, optimized, unfused")
+    if fp32_bytes >= 2 << 30:
+        raise SystemExit(f"a graph over 2 GiB in the {form!r} form, which is written as one protobuf (the transformer optimizer reads one)")
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "model.onnx"
+    if form == "unfused":
+        onnx.save_model(family.build_graph(weights, cfg), path)
+        return path, f"unfused ({family.UNFUSED_ATTENTION})", network, max_tokens
+    # The transformer optimizer loads much of onnxruntime.transformers: only for this form.
     from onnxruntime.transformers.optimizer import optimize_model
 
-    weights, bert_cfg = bert_onnx.as_bert(weights, cfg)
-    # Check texts within the model's positions (as bert_onnx.as_bert numbers them).
-    positions = min(256, int(bert_cfg.get("max_position_embeddings", 512)))
-    if fp32_bytes >= 2 << 30:
-        raise SystemExit("a BERT-family graph over 2 GiB: the transformer optimizer reads one protobuf")
-    work.mkdir(parents=True, exist_ok=True)
     plain = work / "plain.onnx"
-    import onnx
-
-    if "encoder.relative_attention_bias.weight" in weights:
-        # MPNet: its relative position bias has no fused form; fp16 all the same.
-        onnx.save_model(bert_onnx.build_graph(weights, bert_cfg), work / "model.onnx")
-        return work / "model.onnx", "unfused (MPNet's relative position bias)", lambda ids: bert_onnx.numpy_forward(weights, bert_cfg, ids), positions
-    onnx.save_model(bert_onnx.build_graph(weights, bert_cfg, fusable=True), plain)
-    optimized = optimize_model(str(plain), model_type="bert", num_heads=bert_cfg["num_attention_heads"],
-                               hidden_size=bert_cfg["hidden_size"], opt_level=0, use_gpu=True)
+    onnx.save_model(family.build_graph(weights, cfg, fusable=True), plain)
+    optimized = optimize_model(str(plain), model_type=family.OPTIMIZER_MODEL_TYPE, num_heads=cfg["num_attention_heads"],
+                               hidden_size=cfg["hidden_size"], opt_level=0, use_gpu=True)
     fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
     attentions = fused.get("Attention", 0) + fused.get("MultiHeadAttention", 0)
-    path = work / "model.onnx"
-    if attentions == bert_cfg["num_hidden_layers"]:
+    if attentions == cfg["num_hidden_layers"]:
         optimized.save_model_to_file(str(path))
         how = "Attention (ONNX Runtime's transformer optimizer)"
     else:
         os.replace(plain, path)
-        how = f"unfused (the optimizer fused {attentions} of {bert_cfg['num_hidden_layers']} layers' attention)"
+        how = f"unfused (the optimizer fused {attentions} of {cfg['num_hidden_layers']} layers' attention)"
     plain.unlink(missing_ok=True)
-    return path, how, lambda ids: bert_onnx.numpy_forward(weights, bert_cfg, ids), positions
+    return path, how, network, max_tokens
 
 
 # eeane's own CUDA operators (backends/onnxruntime/src/cuda_ops.rs).
@@ -173,8 +175,6 @@ def _fuse_into_matmuls(model, match, op_type):
     the bias [N] constant fp16 initializers, becomes
     ai.eeane.cuda:`op_type`(X, W, bias) with the node's outputs, and the
     MatMul goes. Returns the count."""
-    from onnx import TensorProto, helper
-
     graph = model.graph
     half = {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT16}
     dims = {t.name: list(t.dims) for t in graph.initializer}
@@ -234,8 +234,6 @@ def split_attention(model):
     kernel, and `gemm_bias` then hands each MatMul + Add to cuBLASLt with
     the bias in its epilogue. Weights in an external data file (fp16
     graphs of BERT-large size) are left packed. Returns the count."""
-    from onnx import TensorProto, helper, numpy_helper
-
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     graph_inputs = {i.name for i in graph.input}
@@ -289,55 +287,37 @@ def split_attention(model):
 
 
 def _load(path, data=True):
-    import onnx
-
     return onnx.load(str(path), load_external_data=data)
 
 
-def _check(graph, tokenizer, texts, max_tokens, states_of, pooling, dense):
-    """The graph's pooled vectors of `texts` (one right-padded batch)
-    against the numpy network's, each text alone: the lowest cosine."""
-    import onnxruntime as ort
-    from tokenizers import Tokenizer
-
-    import bert_onnx
-
-    tok = Tokenizer.from_file(str(tokenizer))
-    tok.no_padding()
-    tok.enable_truncation(max_tokens)
-    seqs = [tok.encode(t).ids for t in texts]
-    ids = np.zeros((len(seqs), max(map(len, seqs))), np.int64)
-    mask = np.zeros_like(ids)
-    for i, seq in enumerate(seqs):
-        ids[i, :len(seq)], mask[i, :len(seq)] = seq, 1
-    sess = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-    got = sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})[0]
-    del sess
+def _check(graph, tokenizer, max_tokens, states_of, pooling, dense):
+    """The graph's pooled vectors of the check texts (one right-padded
+    batch) against the numpy network's, each text alone: the lowest cosine."""
+    tok = check_tokenizer(tokenizer, max_tokens)
+    seqs = [tok.encode(t).ids for t in CHECK_TEXTS]
+    ids, mask = right_padded(seqs)
+    got = run(session(graph), {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
     worst = 1.0
     for row, seq in zip(got, seqs):
-        want = bert_onnx.numpy_pooling_and_dense(states_of(seq)[None], np.ones((1, len(seq))), pooling, dense)[0]
+        want = graph_tail.numpy_pooling_and_dense(states_of(seq)[None], np.ones((1, len(seq))), pooling, dense)[0]
         if not np.isfinite(row).all():
             return float("nan")
-        worst = min(worst, _cosine(row.astype(np.float64), want))
+        worst = min(worst, cosine(row.astype(np.float64), want))
     return worst
 
 
-def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_bytes, texts, build_into, external_min_bytes):
+def build(build_dir, snapshot, weights_folder, cfg, settings, family_name, tokenizer, fp32_bytes):
     """build_dir/model.fp16.onnx (and its data file when its weights reach
-    `external_min_bytes`) for the GPU, checked on `texts`; returns what goes
-    into the manifest's checks under "cuda_fp16" ({"graph": None, "why": ...}
-    when none is published)."""
-    import onnx
-
-    import bert_onnx
-
+    graph_builder.external_data_min_bytes()) for the GPU, a graph of the
+    family `family_name` (families.toml), checked on the check texts; returns what
+    goes into the manifest's checks under "cuda_fp16" ({"graph": None,
+    "why": ...} when none is published)."""
     pooling = settings.get("graph_pooling") or settings["pooling"]["value"]
-    dense = bert_onnx.dense_modules(snapshot, settings)
+    dense = graph_tail.dense_modules(snapshot, settings)
     work = build_dir / "gpu"
     shutil.rmtree(work, ignore_errors=True)
     try:
-        path, attention, network, max_tokens = _fused_fp32(work, weights_folder, cfg, fp32_bytes, build_into)
+        path, attention, network, max_tokens = _fused_fp32(work, family_name, weights_folder, cfg, fp32_bytes)
         # The float64 network runs once per check text, for both checks.
         memo = {}
 
@@ -346,9 +326,9 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
                 memo[tuple(ids)] = network(ids)
             return memo[tuple(ids)]
 
-        model = bert_onnx.append_pooling_and_dense(_load(path, data=False), pooling, dense)
+        model = graph_tail.append_pooling_and_dense(_load(path, data=False), pooling, dense)
         onnx.save_model(model, str(path))
-        fused32 = _check(path, tokenizer, texts, max_tokens, states_of, pooling, dense)
+        fused32 = _check(path, tokenizer, max_tokens, states_of, pooling, dense)
         print(f"GPU graph ({attention}), fused fp32, pooled ({pooling}, {len(dense)} Dense) vs numpy float64: min cosine {fused32:.8f}")
         if not fused32 >= 0.99999:
             raise SystemExit("the fused GPU graph drifts from the reference network; not publishing it")
@@ -360,7 +340,7 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
         if gelus:
             onnx.save_model(model, str(path))
         out = build_dir / GRAPH
-        to_fp16(path, out, keep, build_dir / DATA if fp32_bytes // 2 >= external_min_bytes else None)
+        to_fp16(path, out, keep, build_dir / DATA if fp32_bytes // 2 >= graph_builder.external_data_min_bytes() else None)
         checks = {"attention": attention, "pooling_in_graph": pooling, "fused_fp32_min_cosine_vs_numpy_float64": fused32}
         # Q, K and V apart before the fp16 check, so that it measures them.
         model = _load(out, data=False)
@@ -369,7 +349,7 @@ def build(build_dir, snapshot, weights_folder, cfg, settings, tokenizer, fp32_by
             onnx.save_model(model, str(out))
             checks["attention"] = f"{attention}, as MultiHeadAttention over Q, K and V apart ({split} layers)"
         try:
-            half = _check(out, tokenizer, texts, max_tokens, states_of, pooling, dense)
+            half = _check(out, tokenizer, max_tokens, states_of, pooling, dense)
         except Exception as e:  # noqa: BLE001 - an older CPU runtime without these fp16 kernels
             # The card's survey still gates it against the fp32 graph.
             print(f"GPU graph, fp16: this ONNX Runtime cannot run it on the CPU ({e}); the survey on the card checks it")
@@ -392,8 +372,6 @@ def expand_cuda_operators(model, gelu="FastGelu", ops=("GemmFastGelu", "GemmBias
     before), each GemmBias back to MatMul and Add, for a runtime without
     eeane's operators: the CPU, or a measurement against the unfused graph.
     Returns the count written back."""
-    from onnx import helper
-
     nodes, count = [], 0
     for node in model.graph.node:
         if node.op_type in ops and node.domain == EEANE_CUDA_DOMAIN:
@@ -421,8 +399,6 @@ def epilogues(graph, gelus):
     handed to cuBLASLt's epilogues (`gemm_fast_gelu` for the feed-forward,
     `gemm_bias` for attention's Q, K and V), after the CPU check, which
     cannot run eeane's operators; what goes into the manifest."""
-    import onnx
-
     model = _load(graph, data=False)
     fused = gemm_fast_gelu(model) if gelus else 0
     biased = gemm_bias(model)
@@ -442,9 +418,7 @@ def epilogues(graph, gelus):
 def fp32_nodes(path):
     """The nodes of the fp32 graph at `path` that its fp16 copy keeps in
     fp32: those its builder listed (the RoPE tables) and the pooling and
-    Dense tail (`st_*`, bert_onnx.append_pooling_and_dense)."""
-    import graph_builder
-
+    Dense tail (`st_*`, graph_tail.append_pooling_and_dense)."""
     model = _load(path, data=False)
     props = {p.key: p.value for p in model.metadata_props}
     listed = [n for n in props.get(graph_builder.FP32_NODES_KEY, "").split(",") if n]
@@ -463,11 +437,6 @@ def to_fp16(src, dst, keep, data_file):
     blocked nodes lose their types at the border when ONNX's shape
     inference does not know an operator (GroupQueryAttention,
     SimplifiedLayerNormalization) and then give graphs that do not load."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper, shape_inference
-
-    import graph_builder
-
     FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
     model = onnx.load(str(src), load_external_data=False)
     graph = model.graph
@@ -537,8 +506,6 @@ def to_fp16(src, dst, keep, data_file):
 
 
 def _tensor(data, array, name):
-    from onnx import numpy_helper
-
     return data.tensor(array, name) if data else numpy_helper.from_array(array, name)
 
 

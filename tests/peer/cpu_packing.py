@@ -4,7 +4,7 @@ longest? Python OpenVINO at bf16, one thread, on cpu_peers.py's model and
 corpus; nothing of eeane runs.
 
 From the model's graph (eeane's own all-MiniLM-L6-v2 `model.onnx`, built by
-models/bert_onnx.py) it derives a packed graph: position ids and an additive
+models/families/bert.py) it derives a packed graph: position ids and an additive
 attention bias [rows, 1, seq, seq] are inputs, in place of the positions the
 graph counts and the bias it makes from the mask. Several texts then share
 a row, each with positions from 0 and attending only to itself.
@@ -102,7 +102,7 @@ def unpadded_graph(path):
     each layer's query, key and value projections are scattered back to
     [rows, seq, hidden] before the heads are split (a padded position reads a
     zero row), and the merged heads gathered again; the last layer's output is
-    scattered back into `last_hidden_state`. Relies on models/bert_onnx.py's
+    scattered back into `last_hidden_state`. Relies on models/families/bert.py's
     names (`split_heads`, `merge_heads`)."""
     import onnx
     from onnx import helper, numpy_helper

@@ -17,18 +17,24 @@ counted along input_ids' rows, so that no node needs the CPU; the values are
 the same network's, within float rounding.
 `numpy_forward` is an independent float64 implementation of the same network,
 used to check the graph before it is published.
+
+RoBERTa, XLM-RoBERTa, CamemBERT and DistilBERT are built as the BERT they
+compute (`as_bert`, this family's `prepare_weights`); MPNet reuses this
+graph with its relative attention bias (families/mpnet.py, `score_bias`).
 """
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from graph_builder import GraphBuilder, Renamed, open_checkpoint
+import checks
+from graph_builder import GraphBuilder, Renamed
 
 OPSET = 17  # LayerNormalization is a single op from 17 on
+# The model type under which ONNX Runtime's transformer optimizer fuses this
+# graph's `fusable` form (families.toml: gpu_graph = "optimized").
+OPTIMIZER_MODEL_TYPE = "bert"
 
 
 def _prefix(weights):
@@ -38,36 +44,7 @@ def _prefix(weights):
     return ""
 
 
-ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "mpnet")
-
-MPNET_LAYER_NAMES = {
-    "attention.attn.q": "attention.self.query",
-    "attention.attn.k": "attention.self.key",
-    "attention.attn.v": "attention.self.value",
-    "attention.attn.o": "attention.output.dense",
-    "attention.LayerNorm": "attention.output.LayerNorm",
-}
-
-
-def relative_position_table(cfg, heads_bias, max_len):
-    """MPNet's attention bias for each distance j - i in [-(max_len - 1),
-    max_len - 1], [2 * max_len - 1, heads]: the bucket of the distance (half
-    the buckets for keys before the query; exact up to a quarter of them, then
-    logarithmic up to max_distance 128) looked up in encoder.relative_attention_bias.
-    The logarithm is taken in float32 and truncated, as transformers does, so
-    that the buckets at the boundaries (distances 16, 32, 64) are the same."""
-    buckets = int(cfg.get("relative_attention_num_buckets", 32)) // 2
-    max_exact = buckets // 2
-    distance = np.arange(-(max_len - 1), max_len, dtype=np.int64)
-    n = -distance
-    bucket = (n < 0).astype(np.int64) * buckets
-    n = np.abs(n)
-    # Distances under max_exact take the exact bucket; the log is for the others.
-    large = max_exact + (np.log(np.maximum(n, max_exact).astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(128 / max_exact))
-                         * np.float32(buckets - max_exact)).astype(np.int64)
-    large = np.minimum(large, buckets - 1)
-    bucket += np.where(n < max_exact, n, large)
-    return np.asarray(heads_bias, np.float32)[bucket]
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert")
 
 DISTILBERT_LAYER_NAMES = {
     "attention.q_lin": "attention.self.query",
@@ -81,7 +58,7 @@ DISTILBERT_LAYER_NAMES = {
 }
 
 
-def _bert_layer_name(key, names):
+def bert_layer_name(key, names):
     """`PART.layer.I.STEM.SUFFIX` as BERT's `encoder.layer.I.{names[STEM]}.SUFFIX`
     (a stem `names` does not list keeps its name)."""
     _, _, i, rest = key.split(".", 3)
@@ -89,31 +66,9 @@ def _bert_layer_name(key, names):
     return f"encoder.layer.{i}.{names.get(stem, stem)}.{suffix}"
 
 
-def _stripped(weights, prefix):
+def stripped(weights, prefix):
     """New name -> the checkpoint's, `prefix` taken off the names that have it."""
     return {(k[len(prefix):] if k.startswith(prefix) else k): k for k in weights}
-
-
-def as_bert_from_mpnet(weights, cfg):
-    """An MPNet as BERT's names: its q, k, v, o and attention LayerNorm
-    renamed, positions numbered from pad_token_id + 1 as RoBERTa's, no token
-    types (a zero row), and its relative attention bias kept under its own
-    name, which the graph and the numpy network add to every layer's scores.
-    The result reads `weights` lazily (graph_builder.Renamed)."""
-    names = {}
-    for k, old in _stripped(weights, "mpnet.").items():
-        if k.startswith("encoder.layer."):
-            k = _bert_layer_name(k, MPNET_LAYER_NAMES)
-        names[k] = old
-    offset = int(cfg.get("pad_token_id", 1)) + 1
-    hidden = int(cfg["hidden_size"])
-    positions = names["embeddings.position_embeddings.weight"]
-    computed = {
-        "embeddings.position_embeddings.weight": lambda: weights[positions][offset:],
-        "embeddings.token_type_embeddings.weight": lambda: np.zeros((1, hidden), np.float32),
-    }
-    return Renamed(weights, names, computed), {**cfg, "model_type": "bert", "type_vocab_size": 1, "pooler_activation": "tanh",
-                                               "max_position_embeddings": int(cfg["max_position_embeddings"]) - offset}
 
 
 def as_bert(weights, cfg):
@@ -128,20 +83,18 @@ def as_bert(weights, cfg):
     Returns (weights, cfg) with BERT's names and a "pooler_activation";
     the weights are a view that reads `weights` lazily (graph_builder.Renamed)."""
     kind = cfg.get("model_type", "bert")
-    if kind == "mpnet":
-        return as_bert_from_mpnet(weights, cfg)
-    if kind not in ARCHITECTURES:
-        raise SystemExit(f"model_type {kind!r}: graphs are built for {', '.join(ARCHITECTURES)}")
+    if kind not in MODEL_TYPES:
+        raise SystemExit(f"model_type {kind!r}: this family's graphs are built for {', '.join(MODEL_TYPES)}")
     if kind == "bert":
         return weights, {**cfg, "pooler_activation": "tanh"}
     # CamemBERT is RoBERTa's network and layout under its own names.
     base = {"roberta": "roberta.", "xlm-roberta": "roberta.", "camembert": "roberta.", "distilbert": "distilbert."}[kind]
-    names = _stripped(weights, base)
+    names = stripped(weights, base)
     if kind == "distilbert":
         renamed = {}
         for k, old in names.items():
             if k.startswith("transformer.layer."):
-                k = _bert_layer_name(k, DISTILBERT_LAYER_NAMES)
+                k = bert_layer_name(k, DISTILBERT_LAYER_NAMES)
             elif k.startswith("pre_classifier."):
                 k = "pooler.dense." + k.split(".", 1)[1]
             renamed[k] = old
@@ -162,11 +115,16 @@ def as_bert(weights, cfg):
                                                "pooler_activation": "tanh"}
 
 
+prepare_weights = as_bert
+
+
 def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=False, cls_head=None, sequence_classifier=False,
-                fusable=False, data=None):
+                fusable=False, data=None, score_bias=None):
     """`weights` any mapping of name to array, read as the builder goes; with
     `data` (graph_builder.ExternalData), the large initializers are written
-    to that file as they are made."""
+    to that file as they are made. `score_bias(builder, positions, bias)`,
+    when given, returns the attention bias with a term of its own added (a
+    family built on this graph: MPNet's relative positions)."""
     p = _prefix(weights)
     # One token type (XLM-R, DistilBERT): the graph takes none, as the model
     # ignores them; BERT-style tokenizers still number a pair's second text 1.
@@ -238,17 +196,8 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
     elif not fusable:
         bias = node("Unsqueeze", [bias, const("axes_1_2", np.array([1, 2], np.int64))])
 
-    if "encoder.relative_attention_bias.weight" in weights:
-        if ncnn_friendly or fusable:
-            raise SystemExit("MPNet's relative attention bias: built for ONNX Runtime and OpenVINO's graph only")
-        # [1, heads, S, S]: the table's row for each (query i, key j) at j - i + max_len - 1.
-        max_len = int(cfg["max_position_embeddings"])
-        table = const("relative_bias_table", relative_position_table(cfg, weights["encoder.relative_attention_bias.weight"], max_len))
-        keys = node("Unsqueeze", [positions, const("axes_0", np.array([0], np.int64))])
-        queries = node("Unsqueeze", [positions, const("axes_1_q", np.array([1], np.int64))])
-        index = node("Add", [node("Sub", [keys, queries]), const("distance_offset", np.array(max_len - 1, np.int64))])
-        relative = node("Unsqueeze", [node("Transpose", [node("Gather", [table, index])], perm=[2, 0, 1]), "axes_0"])
-        bias = node("Add", [bias, relative])
+    if score_bias is not None:
+        bias = score_bias(builder, positions, bias)
 
     split_shape = const("split_heads", np.array([0, 0, heads, head_dim], np.int64))
     merge_shape = const("merge_heads", np.array([0, 0, hidden], np.int64))
@@ -314,114 +263,9 @@ def build_graph(weights, cfg, token_types=True, pooled=False, ncnn_friendly=Fals
     graph = helper.make_graph(nodes, "bert_encoder", inputs, [output], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="eeane-models")
     model.ir_version = 8
-    if data is None:  # with external data, checked once saved beside it (prepare.build_into)
+    if data is None:  # with external data, checked once saved beside it (graph_builder.build_into)
         onnx.checker.check_model(model)
     return model
-
-
-# sentence-transformers' Dense activations by their torch class, as ONNX ops
-# (GELU exact, by erf: ONNX's Gelu op needs opset 20).
-DENSE_ACTIVATIONS = {
-    "torch.nn.modules.linear.Identity": None,
-    "torch.nn.modules.activation.Tanh": "Tanh",
-    "torch.nn.modules.activation.ReLU": "Relu",
-    "torch.nn.modules.activation.Sigmoid": "Sigmoid",
-    "torch.nn.modules.activation.GELU": "gelu",
-}
-
-
-def dense_modules(snapshot, settings):
-    """The Dense modules eeane read from the repository at `snapshot`
-    (settings' "dense", in order), each (weight [out, in], bias or None,
-    torch activation class), as append_pooling_and_dense takes them."""
-    layers = []
-    for module in (settings or {}).get("dense") or []:
-        folder = Path(snapshot) / module["path"]
-        cfg = json.loads((folder / "config.json").read_text())
-        if not (folder / "model.safetensors").is_file():
-            raise SystemExit(f"{module['path']} has no model.safetensors (eeane reads a Dense module's weights from safetensors only)")
-        weights = open_checkpoint(folder)
-        layers.append((weights["linear.weight"], weights.get("linear.bias") if cfg.get("bias", True) else None, module["activation"]))
-    return layers
-
-
-def append_pooling_and_dense(model, pooling, dense):
-    """Ends a graph whose first output is token states [B, S, H] in
-    sentence-transformers' pooling ("mean" over the attention mask, "cls",
-    or "last_token" of right-padded rows) and its Dense modules, each (weight [out, in], bias or None, torch
-    activation class), in order: the output becomes sentence_embedding
-    [B, out]. Normalization stays outside (eeane's `normalize`)."""
-    graph = model.graph
-    states = graph.output[0].name
-    opset = max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    if opset < 13:
-        raise SystemExit(f"the graph's opset {opset} is older than 13; Dense modules are appended to graphs of opset 13 or later")
-    counter = [0]
-
-    def name(stem):
-        counter[0] += 1
-        return f"st_{stem}_{counter[0]}"
-
-    def node(op, inputs, **attrs):
-        out = name(op.lower())
-        graph.node.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        return out
-
-    def const(stem, array):
-        n = name(stem)
-        graph.initializer.append(numpy_helper.from_array(np.asarray(array), n))
-        return n
-
-    if pooling == "mean":
-        mask = node("Unsqueeze", [node("Cast", ["attention_mask"], to=TensorProto.FLOAT), const("axes", np.array([2], np.int64))])
-        axis = const("axis", np.array([1], np.int64))
-        summed = node("ReduceSum", [node("Mul", [states, mask]), axis], keepdims=0)
-        count = node("Max", [node("ReduceSum", [mask, axis], keepdims=0), const("tiny", np.array(1e-9, np.float32))])
-        x = node("Div", [summed, count])
-    elif pooling == "cls":
-        x = node("Gather", [states, const("first", np.array(0, np.int64))], axis=1)
-    elif pooling == "last_token":
-        # Each right-padded row's last real token: index sum(mask) - 1.
-        length = node("ReduceSum", ["attention_mask", const("axis", np.array([1], np.int64))], keepdims=1)
-        x = node("GatherND", [states, node("Sub", [length, const("one", np.array(1, np.int64))])], batch_dims=1)
-    else:
-        raise SystemExit(f"pooling {pooling!r} in the graph: eeane pools there by mean, cls or last token")
-    width = None
-    for weight, bias, activation in dense:
-        if activation not in DENSE_ACTIVATIONS:
-            raise SystemExit(f"Dense activation {activation!r}: eeane applies {', '.join(DENSE_ACTIVATIONS)}")
-        x = node("MatMul", [x, const("dense_w", np.asarray(weight, np.float32).T.copy())])
-        if bias is not None:
-            x = node("Add", [x, const("dense_b", np.asarray(bias, np.float32))])
-        op = DENSE_ACTIVATIONS[activation]
-        if op == "gelu":
-            erf = node("Erf", [node("Div", [x, const("sqrt2", np.array(math.sqrt(2.0), np.float32))])])
-            x = node("Mul", [node("Mul", [x, const("half", np.array(0.5, np.float32))]), node("Add", [erf, const("one", np.array(1.0, np.float32))])])
-        elif op is not None:
-            x = node(op, [x])
-        width = np.asarray(weight).shape[0]
-    graph.node.append(helper.make_node("Identity", [x], ["sentence_embedding"], name="st_sentence_embedding"))
-    del graph.output[:]
-    graph.output.append(helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", width]))
-    return model
-
-
-def numpy_pooling_and_dense(states, mask, pooling, dense):
-    """The same tail in float64: states [B, S, H], mask [B, S]."""
-    states = np.asarray(states, np.float64)
-    mask = np.asarray(mask, np.float64)[:, :, None]
-    if pooling == "mean":
-        x = (states * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
-    elif pooling == "last_token":
-        x = states[np.arange(len(states)), mask[:, :, 0].sum(1).astype(np.int64) - 1]
-    else:
-        x = states[:, 0]
-    activations = {None: lambda v: v, "Tanh": np.tanh, "Relu": lambda v: np.maximum(v, 0), "Sigmoid": lambda v: 1 / (1 + np.exp(-v)),
-                   "gelu": lambda v: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))}
-    for weight, bias, activation in dense:
-        x = x @ np.asarray(weight, np.float64).T + (np.asarray(bias, np.float64) if bias is not None else 0.0)
-        x = activations[DENSE_ACTIVATIONS[activation]](x)
-    return x
 
 
 def numpy_sequence_logits(weights, cfg, ids, type_ids=None):
@@ -435,10 +279,10 @@ def numpy_sequence_logits(weights, cfg, ids, type_ids=None):
     return pooled @ weights["classifier.weight"].astype(np.float64).T + weights["classifier.bias"]
 
 
-def numpy_forward(weights, cfg, ids, type_ids=None):
-    """float64 forward pass of one unpadded sequence; returns [S, H]."""
-    import math as m
-
+def numpy_forward(weights, cfg, ids, type_ids=None, score_bias=None):
+    """float64 forward pass of one unpadded sequence; returns [S, H].
+    `score_bias(length)`, when given, is added to every layer's attention
+    scores ([heads, S, S]), as build_graph's `score_bias` adds it."""
     p = _prefix(weights)
     w = lambda name: weights[p + name].astype(np.float64)
     eps = float(cfg.get("layer_norm_eps", 1e-12))
@@ -455,26 +299,29 @@ def numpy_forward(weights, cfg, ids, type_ids=None):
     def lin(x, prefix):
         return x @ w(prefix + ".weight").T + w(prefix + ".bias")
 
-    erf = np.vectorize(m.erf)
+    erf = np.vectorize(math.erf)
     x = weights[p + "embeddings.word_embeddings.weight"][ids].astype(np.float64) + w("embeddings.position_embeddings.weight")[: len(ids)]
     x = ln(x + w("embeddings.token_type_embeddings.weight")[type_ids], "embeddings.LayerNorm")
     seq, hidden = x.shape
     d = hidden // heads
-    relative = 0.0
-    if "encoder.relative_attention_bias.weight" in weights:
-        # MPNet's bias, [heads, S, S], by each key's distance from the query.
-        max_len = int(cfg["max_position_embeddings"])
-        table = relative_position_table(cfg, weights["encoder.relative_attention_bias.weight"], max_len).astype(np.float64)
-        at = np.arange(seq)
-        relative = table[at[None, :] - at[:, None] + max_len - 1].transpose(2, 0, 1)
+    relative = 0.0 if score_bias is None else score_bias(seq)
     for i in range(cfg["num_hidden_layers"]):
         lp = f"encoder.layer.{i}"
         split = lambda t: t.reshape(seq, heads, d).transpose(1, 0, 2)
         q, k, v = (split(lin(x, f"{lp}.attention.self.{n}")) for n in ("query", "key", "value"))
-        s = q @ k.transpose(0, 2, 1) / m.sqrt(d) + relative
+        s = q @ k.transpose(0, 2, 1) / math.sqrt(d) + relative
         s = np.exp(s - s.max(-1, keepdims=True))
         ctx = ((s / s.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(seq, hidden)
         x = ln(lin(ctx, lp + ".attention.output.dense") + x, lp + ".attention.output.LayerNorm")
         h = lin(x, lp + ".intermediate.dense")
-        x = ln(lin(0.5 * h * (1 + erf(h / m.sqrt(2))), lp + ".output.dense") + x, lp + ".output.LayerNorm")
+        x = ln(lin(0.5 * h * (1 + erf(h / math.sqrt(2))), lp + ".output.dense") + x, lp + ".output.LayerNorm")
     return x
+
+
+def check_tokens(cfg):
+    """The check texts' truncation: within the model's positions (as
+    `as_bert` numbers them)."""
+    return min(checks.CHECK_TOKENS, int(cfg.get("max_position_embeddings", 512)))
+
+
+check_states = checks.mean_state_check(numpy_forward, check_tokens)

@@ -21,11 +21,12 @@ import math
 import numpy as np
 from onnx import helper
 
+import checks
 from graph_builder import GraphBuilder, gelu_exact, gelu_tanh, numpy_allowed, numpy_attention, numpy_rope
 
 OPSET = 17
 
-FAMILIES = ("modernbert",)
+MODEL_TYPES = ("modernbert",)
 
 
 class Unsupported(SystemExit):
@@ -33,7 +34,7 @@ class Unsupported(SystemExit):
 
 
 def shape(cfg):
-    if cfg.get("model_type") not in FAMILIES:
+    if cfg.get("model_type") not in MODEL_TYPES:
         raise Unsupported(f"model_type {cfg.get('model_type')!r}: this builder is for ModernBERT")
     layers = int(cfg["num_hidden_layers"])
     every = int(cfg.get("global_attn_every_n_layers") or 3)
@@ -75,7 +76,7 @@ def _prefix(weights):
 
 
 def build_graph(weights, cfg, data=None, fused=False):
-    """As decoder_onnx.build_graph: `data` takes the large initializers;
+    """As families/decoder.py's build_graph: `data` takes the large initializers;
     `fused`, one MultiHeadAttention per layer over [B, S, heads, d] states."""
     s = shape(cfg)
     p = _prefix(weights)
@@ -168,3 +169,16 @@ def numpy_forward(weights, cfg, ids):
         activated = gelu_exact(value) if s["exact_gelu"] else gelu_tanh(value)
         x = x + lin(activated * gate, lp + ".mlp.Wo")
     return ln(x, "final_norm")
+
+
+def prepare_weights(weights, cfg):
+    """The checkpoint as it is: this builder reads its own names."""
+    return weights, cfg
+
+
+def check_tokens(cfg):
+    """The check texts' truncation (RoPE has no position table to stay within)."""
+    return checks.CHECK_TOKENS
+
+
+check_states = checks.every_state_check(numpy_forward, check_tokens)

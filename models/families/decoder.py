@@ -27,11 +27,12 @@ import math
 import numpy as np
 from onnx import TensorProto, helper
 
+import checks
 from graph_builder import GraphBuilder, gelu_exact, gelu_tanh, numpy_allowed, numpy_attention, numpy_rope
 
 OPSET = 17
 
-FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "gemma", "gemma2", "gemma3_text")
+MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral", "gemma", "gemma2", "gemma3_text")
 
 # Activations of the gated MLP, by config name.
 SILU = ("silu", "swish")
@@ -94,8 +95,8 @@ def shape(cfg):
     """The network's sizes and options from config.json; what it does not
     build is refused, naming the key."""
     kind = cfg.get("model_type")
-    if kind not in FAMILIES:
-        raise Unsupported(f"model_type {kind!r}: decoder graphs are built for {', '.join(FAMILIES)}")
+    if kind not in MODEL_TYPES:
+        raise Unsupported(f"model_type {kind!r}: decoder graphs are built for {', '.join(MODEL_TYPES)}")
     traits = FAMILY_TRAITS[kind]
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
@@ -341,3 +342,16 @@ def numpy_score(weights, cfg, ids, score_tokens):
     rows = _lm_rows(weights, cfg, [true_id] + ([false_id] if false_id is not None else []))
     logits = rows @ state
     return float(logits[0] - (logits[1] if false_id is not None else 0.0))
+
+
+def prepare_weights(weights, cfg):
+    """The checkpoint as it is: this builder reads its own names."""
+    return weights, cfg
+
+
+def check_tokens(cfg):
+    """The check texts' truncation (RoPE has no position table to stay within)."""
+    return checks.CHECK_TOKENS
+
+
+check_states = checks.every_state_check(numpy_forward, check_tokens)
