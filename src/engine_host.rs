@@ -38,7 +38,6 @@ pub struct HostedModel {
     pub engine: String,
     pub spec: EngineSpec,
     pub pooling: Pooling,
-    pub normalize: bool,
 }
 
 type Answer<T> = Result<T, EngineError>;
@@ -208,7 +207,7 @@ fn run_session(
     while let Ok(order) = orders.recv() {
         let reply = match order {
             Order::Run(batch) => Reply::Vectors(
-                catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, hosted.pooling, hosted.normalize, &who)))
+                catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(&batch)?, &batch, hosted.pooling, &who)))
                     .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into()))),
             ),
             Order::Warm => Reply::Warmed(
@@ -479,7 +478,7 @@ impl HostedEngine {
         }
     }
 
-    /// Runs one batch in the child: the pooled, checked (and normalized) vectors.
+    /// Runs one batch in the child: the pooled, checked vectors.
     pub fn run(&mut self, batch: &TokenBatch) -> Result<Vec<Vec<f32>>, EngineError> {
         if !self.attached.as_ref().is_some_and(|(generation, _)| self.process.current(*generation)) {
             self.reload()?;

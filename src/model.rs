@@ -8,6 +8,7 @@ use eeane_backend_core::{EngineError, EngineSpec, Options};
 
 use crate::batcher::{BatchPolicy, Bucket, EngineWorker, Launch, Pipeline, WorkerError};
 use crate::config::{Config, ModelConfig};
+use crate::pooling::{finish_vector, VectorOptions};
 use crate::sync::Recover;
 pub use crate::tokenize::Inputs;
 use crate::tokenize::{Encoded, TextTokenizer, TokenizeError};
@@ -28,8 +29,13 @@ pub struct Inference {
     /// The longest input's whole length in tokens, special tokens included,
     /// before truncation or windows (0 for pairs).
     pub longest_input: usize,
+    /// The length of the model's vectors, before a request's `dimensions`
+    /// (0 for scores).
+    pub width: usize,
 }
 
+/// Why a model could not load or answer: its files, tokenizer, engine or
+/// worker, or a caught panic; serving maps each to a `Fault`.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
@@ -198,9 +204,7 @@ impl LoadedModel {
             // Set per engine by the batcher, which gives each its CPUs.
             own_cpus_in_shared_process: false,
         };
-        // A reranker's output is a score: never normalized.
-        let normalize = config.normalize && config.kind == crate::config::ModelKind::Embedding;
-        let pipeline = Pipeline { pooling: config.pooling, normalize, policy, pad_id: tokenizer.pad_id() };
+        let pipeline = Pipeline { pooling: config.pooling, policy, pad_id: tokenizer.pad_id() };
         // A pattern (`cuda:H200*`) becomes one pin per matching card, each a session fed from this model's queue.
         let devices = {
             let (devices, forbidden, library) = (config.device.clone(), server.server.forbidden_devices.clone(), spec.runtime_library.clone());
@@ -273,11 +277,17 @@ impl LoadedModel {
         Ok(blocking(&self.config.id, "tokenizer", move || work(&tokenizer)).await??)
     }
 
-    /// Runs `inputs`: an embedding model's vectors, or a reranker's scores;
-    /// `deadline` bounds the wait before inference starts. An input split
-    /// into windows gets the mean of its windows' vectors, renormalized when
-    /// the model normalizes.
+    /// Runs `inputs`: an embedding model's vectors, as its config makes them,
+    /// or a reranker's scores; `deadline` bounds the wait before inference starts.
     pub async fn embed(&self, inputs: Arc<Inputs>, deadline: Option<Instant>) -> Result<Inference, ModelError> {
+        self.embed_with(inputs, deadline, VectorOptions::default()).await
+    }
+
+    /// `embed`, with a request's `dimensions` and unit length applied to
+    /// each vector (`pooling::finish_vector`, the one place vectors are
+    /// normalized). An input split into windows gets the mean of its
+    /// windows' vectors. A reranker's scores are never normalized.
+    pub async fn embed_with(&self, inputs: Arc<Inputs>, deadline: Option<Instant>, options: VectorOptions) -> Result<Inference, ModelError> {
         let tokenizer = self.tokenizer.clone();
         // Tokenizing thousands of texts takes milliseconds: only small inputs stay on the async worker.
         let started = Instant::now();
@@ -293,6 +303,7 @@ impl LoadedModel {
         let sequences = seqs.len();
         let mut vectors = self.worker.embed(seqs, deadline).await?.into_iter();
         tracing::debug!(model = %self.config.id, sequences, tokenize_ms = tokenized.as_secs_f64() * 1e3, total_ms = started.elapsed().as_secs_f64() * 1e3, "embedded");
+        let mut width = 0;
         let output = match self.config.kind {
             // One pair, one sequence, one value (checked at load).
             crate::config::ModelKind::Reranker => Output::Scores(vectors.map(|v| v.first().copied().unwrap_or(f32::NAN)).collect()),
@@ -301,12 +312,13 @@ impl LoadedModel {
                     .into_iter()
                     .map(|n| {
                         let window_vectors: Vec<Vec<f32>> = vectors.by_ref().take(n).collect();
-                        crate::pooling::combine_windows(window_vectors, self.config.normalize)
+                        width = window_vectors.first().map_or(0, Vec::len);
+                        finish_vector(window_vectors, self.config.normalize, options)
                     })
                     .collect(),
             ),
         };
-        Ok(Inference { output, tokens, longest_input })
+        Ok(Inference { output, tokens, longest_input, width })
     }
 }
 

@@ -366,5 +366,34 @@ fn routes_under_models_id_serve_the_model_the_url_names() {
     // An unknown route under the prefix answers in its API's shape; the server keeps serving.
     let (status, body) = post(&server, "/models/raw/api/nothing", json!({}));
     assert_eq!((status, body.as_object().map(|o| o.len())), (404, Some(1)), "{body}");
+    assert!(body["error"].as_str().unwrap().contains(r#""raw" has no route "api/nothing""#), "{body}");
+    // A route no model has, after a model's id: a 404 naming both, and the
+    // routes there are, not "the model "minilm-reranker/embed_sparse" does
+    // not exist" (an id may hold a slash). TEI's `/` is what the path
+    // matches, so TEI's shape answers.
+    for (path, model) in [("/models/minilm-reranker/embed_sparse", "minilm-reranker"), ("/models/org%2Fminilm-raw/embed_sparse", "org/minilm-raw")] {
+        let message = tei_refusal(&server, path, json!({"inputs": "x"}), 404, "Validation");
+        assert!(message.contains(&format!("The model {model:?} has no route \"embed_sparse\"")) && message.contains("/v1/embeddings, "), "{message}");
+    }
+    // GET matches the same POST-only route: a 404 too, not a 405.
+    let (status, body) = get_status(&server, "/models/minilm-reranker/embed_sparse");
+    assert_eq!((status, body["error_type"].as_str()), (404, Some("Validation")), "{body}");
+    assert!(body["error"].as_str().unwrap().contains(r#""minilm-reranker" has no route "embed_sparse""#), "{body}");
+    // Matching no route at all, or another API's route: OpenAI's shape.
+    for (path, model, route) in
+        [("/models/org/minilm-raw/embed_sparse", "org/minilm-raw", "embed_sparse"), ("/models/raw/extra/v1/embeddings", "raw", "extra/v1/embeddings")]
+    {
+        let (status, body) = post(&server, path, json!({"input": "x"}));
+        assert_eq!((status, body["error"]["code"].as_str()), (404, Some("not_found")), "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("The model {model:?} has no route {route:?}")), "{path}: {message}");
+    }
+    // Without the key, a 404 outside every route names no model: the key
+    // guards which models exist.
+    let (status, _, body) = server.post_full("/models/org/minilm-raw/embed_sparse", &json!({}), &[]);
+    assert_eq!((status, body["error"]["message"].as_str()), (404, Some("No route /models/org/minilm-raw/embed_sparse")), "{body}");
+    // A path that starts with no model's id keeps the unknown model's 404.
+    let message = tei_refusal(&server, "/models/nope/embed_sparse", json!({"inputs": "x"}), 404, "Validation");
+    assert!(message.contains(r#"The model "nope/embed_sparse" does not exist"#), "{message}");
     assert_eq!(vectors(&ok(&server, "/models/raw/v1/embeddings", json!({"input": TEXTS, "encoding_format": "float"}))), raw);
 }

@@ -29,11 +29,12 @@ use crate::tokenize::Encoded;
 #[derive(Debug, Clone)]
 pub struct Pipeline {
     pub pooling: Pooling,
-    pub normalize: bool,
     pub policy: BatchPolicy,
     pub pad_id: i64,
 }
 
+/// Why the engine worker returned no vectors for a job: the engine failed,
+/// or the job's deadline passed in the queue (which no engine sees).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum WorkerError {
     #[error(transparent)]
@@ -139,7 +140,7 @@ impl Runner {
             (Launch::Thread(engine), _) => engine.load(&spec).map(Runner::Thread),
             (Launch::Process { engine }, host) => {
                 let (process, session) = host.unwrap_or_else(|| (EngineProcess::new(model), 0));
-                let hosted = HostedModel { model: model.to_string(), engine: engine.clone(), spec, pooling: pipeline.pooling, normalize: pipeline.normalize };
+                let hosted = HostedModel { model: model.to_string(), engine: engine.clone(), spec, pooling: pipeline.pooling };
                 HostedEngine::start(hosted, process, session).map(|hosted| Runner::Process(Box::new(hosted)))
             }
         }
@@ -168,10 +169,10 @@ impl Runner {
         }
     }
 
-    /// One vector per row of `batch`, pooled, checked and normalized.
+    /// One vector per row of `batch`, pooled and checked.
     fn run(&mut self, batch: &TokenBatch, pipeline: &Pipeline, who: &str) -> Result<Vec<Vec<f32>>, EngineError> {
         match self {
-            Runner::Thread(engine) => catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(batch)?, batch, pipeline.pooling, pipeline.normalize, who)))
+            Runner::Thread(engine) => catch_unwind(AssertUnwindSafe(|| pool_output(engine.run(batch)?, batch, pipeline.pooling, who)))
                 .unwrap_or_else(|_| Err(EngineError::Inference("the engine panicked".into()))),
             Runner::Process(hosted) => hosted.run(batch),
         }
@@ -917,7 +918,7 @@ mod tests {
         assert_eq!(sessions, 5, "five batches on five sessions: {before:?} -> {after:?}");
     }
 
-    /// Mean pooling, no normalization, one bucket of 16 tokens.
+    /// Mean pooling, one bucket of 16 tokens.
     fn mean_of_one_bucket(max_batch: usize, max_batch_tokens: usize) -> Pipeline {
         let policy = BatchPolicy {
             buckets: vec![Bucket { max_tokens: 16, max_batch }],
@@ -928,7 +929,7 @@ mod tests {
             call_cost_tokens: eeane_backend_core::CPU_CALL_COST_TOKENS,
             row_counts: Vec::new(),
         };
-        Pipeline { pooling: Pooling::Mean, normalize: false, policy, pad_id: 0 }
+        Pipeline { pooling: Pooling::Mean, policy, pad_id: 0 }
     }
 
     /// Batches of at most two.

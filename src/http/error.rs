@@ -9,6 +9,8 @@ use axum::Json;
 
 use crate::serving::{Fault, RequestError};
 
+/// An error as the API answers it: a status, OpenAI's type and code, the
+/// message, the field at fault; rendered in the shape of the route's `Dialect`.
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -174,6 +176,11 @@ impl ApiError {
 
     pub fn route_not_found(path: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", format!("No route {path}"))
+    }
+
+    /// 404: a path under `/models/{id}` that names a model and a route it does not have.
+    pub fn route_not_found_under(message: String) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", message)
     }
 
     pub fn method_not_allowed() -> Self {

@@ -17,10 +17,10 @@ pub mod tei;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, Method};
+use axum::http::{header, HeaderMap, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use subtle::ConstantTimeEq;
 use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
@@ -53,8 +53,15 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi::openapi_json))
         .merge(openapi::explorer())
         .route("/admin/reload", post(admin::reload))
-        .fallback(|uri: axum::http::Uri| async move { ApiError::route_not_found(uri.path()).in_dialect(Dialect::of_path(uri.path())) })
-        .method_not_allowed_fallback(|uri: axum::http::Uri| async move { ApiError::method_not_allowed().in_dialect(Dialect::of_path(uri.path())) })
+        .fallback(|State(app): State<AppState>, uri: axum::http::Uri, headers: HeaderMap| async move {
+            let path = uri.path();
+            unknown_route(&app, path, &headers).unwrap_or_else(|| ApiError::route_not_found(path)).in_dialect(Dialect::of_path(path))
+        })
+        // GET /models/xlmr-m3/embed_sparse matches TEI's POST-only `/` under the two-segment prefix: a 404 too.
+        .method_not_allowed_fallback(|State(app): State<AppState>, uri: axum::http::Uri, headers: HeaderMap| async move {
+            let path = uri.path();
+            unknown_route(&app, path, &headers).unwrap_or_else(ApiError::method_not_allowed).in_dialect(Dialect::of_path(path))
+        })
         // On matched routes only: an unknown path is a 404 and a wrong method a
         // 405 with or without the key (they reveal nothing the document does not).
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
@@ -71,28 +78,63 @@ pub fn router(state: AppState) -> Router {
 
 /// Every route that serves a model, as each API names it.
 fn model_routes() -> Router<AppState> {
-    // OpenAI's and Infinity's routes answer with and without the /v1 prefix.
-    let openai = Router::new().route("/embeddings", post(openai::embeddings)).route("/rerank", post(rerank::rerank)).route("/models", get(openai::models));
-    Router::new()
-        .merge(openai.clone())
-        .nest("/v1", openai)
-        // Text Embeddings Inference's routes (/rerank takes its body too).
-        .route("/", post(tei::root))
-        .route("/embed", post(tei::embed))
-        .route("/tokenize", post(tei::tokenize))
-        .route("/decode", post(tei::decode))
-        .route("/info", get(tei::info))
+    model_route_table().into_iter().fold(Router::new(), |router, (path, handler)| router.route(path, handler))
+}
+
+/// The paths of `model_routes`, as a 404 under `/models/{id}` lists them.
+pub fn model_route_paths() -> Vec<&'static str> {
+    model_route_table().into_iter().map(|(path, _)| path).collect()
+}
+
+/// Each model route's path and handler: the one list both the router and a
+/// 404's list of routes are made from.
+fn model_route_table() -> [(&'static str, MethodRouter<AppState>); 16] {
+    [
+        // OpenAI's and Infinity's routes answer with and without the /v1 prefix.
+        ("/v1/embeddings", post(openai::embeddings)),
+        ("/v1/rerank", post(rerank::rerank)),
+        ("/v1/models", get(openai::models)),
+        ("/embeddings", post(openai::embeddings)),
+        // Infinity's /rerank takes TEI's body too.
+        ("/rerank", post(rerank::rerank)),
+        ("/models", get(openai::models)),
+        // Text Embeddings Inference's routes.
+        ("/", post(tei::root)),
+        ("/embed", post(tei::embed)),
+        ("/tokenize", post(tei::tokenize)),
+        ("/decode", post(tei::decode)),
+        ("/info", get(tei::info)),
         // Ollama's embedding routes.
-        .route("/api/embed", post(ollama::embed))
-        .route("/api/embeddings", post(ollama::embeddings))
-        .route("/api/tags", get(ollama::tags))
-        .route("/api/ps", get(ollama::ps))
-        .route("/api/version", get(ollama::version))
+        ("/api/embed", post(ollama::embed)),
+        ("/api/embeddings", post(ollama::embeddings)),
+        ("/api/tags", get(ollama::tags)),
+        ("/api/ps", get(ollama::ps)),
+        ("/api/version", get(ollama::version)),
+    ]
 }
 
 /// Installs the metrics recorder (idempotent); `serve` calls it before models load.
 pub fn install_metrics() {
     metrics::handle();
+}
+
+/// A 404 naming the model and the route a path under `/models/{id}` asks
+/// for (pinned.rs). The fallbacks answer without the key, so with `api_key`
+/// set only a request that carries it learns which models exist.
+fn unknown_route(app: &AppState, path: &str, headers: &HeaderMap) -> Option<ApiError> {
+    let live = app.service.live();
+    let key = live.config.server.api_key.as_deref().filter(|k| !k.is_empty());
+    let authorized = key.is_none_or(|key| bool::from(bearer_token(headers).as_bytes().ct_eq(key.as_bytes())));
+    if authorized {
+        pinned::unknown_route(&app.service, path)
+    } else {
+        None
+    }
+}
+
+/// The bearer token of a request's Authorization header ("" without one).
+fn bearer_token(headers: &HeaderMap) -> &str {
+    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("")
 }
 
 /// With `api_key` set, every request but `GET /health` (and `GET /metrics`
@@ -116,8 +158,7 @@ async fn require_api_key(State(app): State<AppState>, request: Request, next: Ne
     if request.method() == Method::GET && live.config.server.metrics_public && matches!(request.uri().path(), "/metrics" | "/v1/metrics") {
         return next.run(request).await;
     }
-    let presented = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
-    if bool::from(presented.as_bytes().ct_eq(key.as_bytes())) {
+    if bool::from(bearer_token(request.headers()).as_bytes().ct_eq(key.as_bytes())) {
         next.run(request).await
     } else {
         let refused = ApiError::unauthorized().in_dialect(Dialect::of_path(request.uri().path()));

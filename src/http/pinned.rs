@@ -8,12 +8,11 @@
 //! A Hugging Face id ("BAAI/bge-m3") is two path segments, and is taken as
 //! such (`/models/BAAI/bge-m3/v1`), or as one with its slash written `%2F`.
 
-use std::convert::Infallible;
-
 use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::request::Parts;
 
-use super::error::ApiError;
+use super::error::{ApiError, Dialect};
+use super::AppState;
 use crate::serving::{RequestError, Service, INFINITY_NO_MODEL};
 
 /// The route parameters of the prefix: `/models/{pinned_model}` and
@@ -24,10 +23,10 @@ pub const PREFIXES: [&str; 2] = ["/models/{pinned_model}", "/models/{pinned_mode
 #[derive(Debug, Clone, Default)]
 pub struct PinnedModel(Option<String>);
 
-impl<S: Send + Sync> FromRequestParts<S> for PinnedModel {
-    type Rejection = Infallible;
+impl FromRequestParts<AppState> for PinnedModel {
+    type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Infallible> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         // A route without parameters has none to read: it pins nothing.
         let Ok(params) = RawPathParams::from_request_parts(parts, state).await else {
             return Ok(Self(None));
@@ -40,11 +39,47 @@ impl<S: Send + Sync> FromRequestParts<S> for PinnedModel {
                 _ => {}
             }
         }
-        Ok(Self(match (model, name) {
-            (Some(org), Some(name)) => Some(format!("{org}/{name}")),
-            (model, _) => model,
-        }))
+        match (model, name) {
+            (Some(org), Some(name)) => {
+                let pinned = format!("{org}/{name}");
+                // `/models/xlmr-m3/embed_sparse` matches TEI's `/` under the
+                // two-segment prefix: when "xlmr-m3/embed_sparse" is no model
+                // and "xlmr-m3" is one, the URL names a route it does not have.
+                // Under a nested prefix the URI is the route's own path.
+                if !state.service.has_model(&pinned) {
+                    let route = format!("{name}{}", parts.uri.path().trim_end_matches('/'));
+                    if let Some(error) = no_route(&state.service, &org, &route) {
+                        return Err(error.in_dialect(Dialect::of_path(parts.uri.path())));
+                    }
+                }
+                Ok(Self(Some(pinned)))
+            }
+            (model, _) => Ok(Self(model)),
+        }
     }
+}
+
+/// A 404 for a path under `/models/` that starts with a model's id (one
+/// segment, or a Hub id's two) followed by a route no model has; `None` for
+/// any other path.
+pub fn unknown_route(service: &Service, path: &str) -> Option<ApiError> {
+    let rest = path.strip_prefix("/models/")?;
+    let (first, after_first) = rest.split_once('/')?;
+    // A Hub id's slash may come as `%2F` in one segment.
+    let first = first.replace("%2F", "/").replace("%2f", "/");
+    let two_segments = after_first.split_once('/').and_then(|(second, route)| no_route(service, &format!("{first}/{second}"), route));
+    two_segments.or_else(|| no_route(service, &first, after_first))
+}
+
+/// A 404 naming `route` and the model `id` when `id` is a model here and
+/// `route` (the path after `/models/{id}/`) is none of its routes.
+fn no_route(service: &Service, id: &str, route: &str) -> Option<ApiError> {
+    let routes = super::model_route_paths();
+    if route.is_empty() || routes.contains(&format!("/{route}").as_str()) || !service.has_model(id) {
+        return None;
+    }
+    let message = format!("The model {id:?} has no route {route:?}; its routes, each under /models/{id}, are: {}", routes.join(", "));
+    Some(ApiError::route_not_found_under(message).with_model(id))
 }
 
 impl PinnedModel {

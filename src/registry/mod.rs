@@ -16,6 +16,8 @@ pub use slot::{KeepAlive, ModelLease, ModelSlot, SlotCounters, SlotState, SlotSt
 
 use crate::config::{Config, LoadPolicy};
 
+/// Why a request got no lease on its model: the load failed, no room under
+/// max_loaded_models, or the wait ran past queue_timeout.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AcquireError {
     #[error("{0}")]

@@ -22,18 +22,10 @@ use std::time::{Duration, Instant};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::config::{find_file, CliOverrides, Config, ConfigError, LoadPolicy};
-use crate::model::{check_files, Inference, ModelError};
+use crate::model::{check_files, Inference};
+use crate::pooling::VectorOptions;
 use crate::registry::{AcquireError, ModelSlot, Registry};
 use coalesce::Coalescer;
-
-/// Why an inference request failed; cloneable, as coalesced requests share it.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ServeError {
-    #[error(transparent)]
-    Acquire(#[from] AcquireError),
-    #[error(transparent)]
-    Model(#[from] Arc<ModelError>),
-}
 
 /// One consistent view of config and models; a reload builds a new one.
 pub struct Live {
@@ -70,14 +62,15 @@ pub struct Overloaded {
     pub limit: usize,
 }
 
-type CoalesceKey = (String, Arc<Inputs>, Option<KeepAlive>);
+type CoalesceKey = (String, Arc<Inputs>, VectorOptions, Option<KeepAlive>);
 
 pub struct Service {
     live: RwLock<Arc<Live>>,
     config_flag: Option<PathBuf>,
     overrides: CliOverrides,
     pending: AtomicUsize,
-    coalescer: Coalescer<CoalesceKey, Result<Arc<Inference>, ServeError>>,
+    // A failure is shared as the `RequestError` it becomes: coalesced requests get a clone.
+    coalescer: Coalescer<CoalesceKey, Result<Arc<Inference>, RequestError>>,
     reload_lock: tokio::sync::Mutex<()>,
 }
 
@@ -127,25 +120,26 @@ impl Service {
         live: &Live,
         slot: &Arc<ModelSlot>,
         inputs: Inputs,
+        options: VectorOptions,
         keep_alive: Option<KeepAlive>,
         deadline: Option<Instant>,
-    ) -> Result<Arc<Inference>, ServeError> {
+    ) -> Result<Arc<Inference>, RequestError> {
         slot.counters.requests.fetch_add(1, Ordering::Relaxed);
         let inputs = Arc::new(inputs);
         let work = || async {
-            let mut lease = live.registry.acquire(slot, &live.config, deadline).await?;
+            let mut lease = live.registry.acquire(slot, &live.config, deadline).await.map_err(RequestError::from)?;
             // Counted once the model is there: a failed load runs no inference.
             slot.counters.inferences.fetch_add(1, Ordering::Relaxed);
             if let Some(keep_alive) = keep_alive {
                 lease.set_keep_alive(keep_alive);
             }
-            let result = lease.embed(inputs.clone(), deadline).await.map_err(Arc::new)?;
+            let result = lease.embed_with(inputs.clone(), deadline, options).await.map_err(|e| RequestError::from(&e))?;
             Ok(Arc::new(result))
         };
         let result = if !live.config.server.coalesce_requests {
             work().await
         } else {
-            let (result, coalesced) = self.coalescer.run((slot.config.id.clone(), inputs.clone(), keep_alive), work).await;
+            let (result, coalesced) = self.coalescer.run((slot.config.id.clone(), inputs.clone(), options, keep_alive), work).await;
             if coalesced {
                 slot.counters.coalesced.fetch_add(1, Ordering::Relaxed);
             }

@@ -8,9 +8,10 @@ use std::sync::Arc;
 pub use crate::registry::KeepAlive;
 pub use crate::tokenize::{Inputs, Token};
 
-use super::{ServeError, Service};
+use super::Service;
 use crate::config::{ModelKind, ScoreActivation};
 use crate::model::{ModelError, Output};
+use crate::pooling::VectorOptions;
 use crate::registry::{AcquireError, ModelSlot};
 use crate::tokenize::TokenizeError;
 use eeane_backend_core::EngineError;
@@ -127,6 +128,9 @@ pub enum Fault {
     Internal,
 }
 
+/// Why serving refused or failed a request, for every API surface: a
+/// `Fault` to map to a status, the message users see, the field and the
+/// model at fault. Cloneable: coalesced requests share one.
 #[derive(Debug, Clone)]
 pub struct RequestError {
     pub fault: Fault,
@@ -163,15 +167,15 @@ impl RequestError {
     }
 }
 
-impl From<ServeError> for RequestError {
-    fn from(e: ServeError) -> Self {
-        let message = e.to_string();
-        match e {
-            ServeError::Acquire(AcquireError::LoadFailed(_)) => Self::new(Fault::Unavailable, message),
-            ServeError::Acquire(AcquireError::NoRoom(_)) => Self::new(Fault::NoRoom, message),
-            ServeError::Acquire(AcquireError::Timeout) => Self::new(Fault::QueueTimeout, message),
-            ServeError::Model(e) => Self::from(&*e),
-        }
+/// A model that could not be had for the request: loading failed, no room, or the wait ran out.
+impl From<AcquireError> for RequestError {
+    fn from(e: AcquireError) -> Self {
+        let fault = match e {
+            AcquireError::LoadFailed(_) => Fault::Unavailable,
+            AcquireError::NoRoom(_) => Fault::NoRoom,
+            AcquireError::Timeout => Fault::QueueTimeout,
+        };
+        Self::new(fault, e.to_string())
     }
 }
 
@@ -236,7 +240,9 @@ impl Service {
             ));
         }
         let _admitted = self.admit(&live).map_err(|o| refuse(RequestError::overloaded(o.limit)))?;
-        let result = self.run(&live, slot, inputs, request.keep_alive, live.deadline()).await.map_err(|e| refuse(e.into()))?;
+        // Unit length asked of a model that normalizes is what it gives already.
+        let options = VectorOptions { dimensions: request.dimensions, unit_length: request.unit_length == Some(true) && !slot.config.normalize };
+        let result = self.run(&live, slot, inputs, options, request.keep_alive, live.deadline()).await.map_err(refuse)?;
         let limit = match slot.config.long_text {
             crate::config::LongText::Truncate => slot.config.max_tokens,
             crate::config::LongText::Window => slot.config.window,
@@ -255,25 +261,21 @@ impl Service {
                 .param("truncate"),
             ));
         }
-        // The vectors are shared only when the request was coalesced; otherwise take them.
-        let tokens = result.tokens;
-        let Output::Vectors(mut vectors) = Arc::try_unwrap(result).map_or_else(|shared| shared.output.clone(), |own| own.output) else {
-            return Err(refuse(RequestError::new(Fault::Internal, "an embedding model answered with scores")));
-        };
+        // Checked after inference, once the model's width is known; a
+        // refused request's vectors (already cut and scaled) are dropped.
         if let Some(dims) = request.dimensions {
-            let width = vectors.first().map_or(0, Vec::len);
+            let width = result.width;
             if dims == 0 || dims > width {
                 return Err(refuse(
                     RequestError::new(Fault::InvalidDimensions, format!("dimensions must be between 1 and {width} for this model")).param("dimensions"),
                 ));
             }
-            for v in &mut vectors {
-                crate::pooling::truncate_dimensions(v, dims);
-            }
         }
-        if request.unit_length == Some(true) && !slot.config.normalize {
-            vectors.iter_mut().for_each(|v| crate::pooling::normalize(v));
-        }
+        // The vectors are shared only when the request was coalesced; otherwise take them.
+        let tokens = result.tokens;
+        let Output::Vectors(vectors) = Arc::try_unwrap(result).map_or_else(|shared| shared.output.clone(), |own| own.output) else {
+            return Err(refuse(RequestError::new(Fault::Internal, "an embedding model answered with scores")));
+        };
         Ok(Embedded { model: id.to_string(), vectors, tokens })
     }
 
@@ -329,7 +331,7 @@ impl Service {
     ) -> Result<T, RequestError> {
         let id = slot.config.id.as_str();
         let _admitted = self.admit(live).map_err(|o| RequestError::overloaded(o.limit).model(id))?;
-        let lease = live.registry.acquire(slot, &live.config, live.deadline()).await.map_err(|e| RequestError::from(ServeError::from(e)).model(id))?;
+        let lease = live.registry.acquire(slot, &live.config, live.deadline()).await.map_err(|e| RequestError::from(e).model(id))?;
         lease.with_tokenizer(work).await.map_err(|e| RequestError::from(&e).model(id))
     }
 
@@ -371,8 +373,7 @@ impl Service {
         } else {
             Inputs::Texts(std::iter::once(request.query).chain(request.documents).collect())
         };
-        let result = self.run(&live, slot, inputs, request.keep_alive, live.deadline()).await.map_err(|e| {
-            let mut error = RequestError::from(e);
+        let result = self.run(&live, slot, inputs, VectorOptions::default(), request.keep_alive, live.deadline()).await.map_err(|mut error| {
             // Pairs and texts are tokenized as "input"; here they are the documents.
             if error.param.as_deref() == Some("input") {
                 error.param = Some("documents".into());

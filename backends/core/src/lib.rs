@@ -156,6 +156,8 @@ pub struct EngineSpec {
     pub own_cpus_in_shared_process: bool,
 }
 
+/// Why an engine could not load or run: what an engine returns, and what
+/// crosses the engine process's pipe.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EngineError {
     /// The runtime library is missing or unusable.
