@@ -161,11 +161,71 @@ fn the_readme_is_a_front_door_and_its_links_resolve() {
         let text = std::fs::read_to_string(root().join(&file)).unwrap();
         let base = root().join(&file).parent().unwrap().to_path_buf();
         for link in text.split("](").skip(1).filter_map(|rest| rest.split(')').next()) {
-            let target = link.split('#').next().unwrap();
-            if target.is_empty() || target.starts_with("http") {
+            let (target, anchor) = link.split_once('#').unwrap_or((link, ""));
+            if target.starts_with("http") {
                 continue;
             }
-            assert!(base.join(target).exists(), "{file}: the link {link:?} points at nothing");
+            let linked = if target.is_empty() { root().join(&file) } else { base.join(target) };
+            assert!(linked.exists(), "{file}: the link {link:?} points at nothing");
+            // A heading that moved or was renamed leaves its links pointing at the top of the page.
+            if !anchor.is_empty() && linked.extension().is_some_and(|e| e == "md") {
+                let headings = heading_anchors(&std::fs::read_to_string(&linked).unwrap());
+                assert!(headings.contains(anchor), "{file}: the link {link:?} names no heading of {}", linked.display());
+            }
         }
     }
+}
+
+/// The anchors GitHub gives a Markdown file's headings: lowercased, spaces
+/// as hyphens, punctuation but `-` and `_` dropped, and `-1`, `-2` after a
+/// repeated one. Headings inside fenced code blocks are none.
+fn heading_anchors(text: &str) -> std::collections::HashSet<String> {
+    let mut anchors = std::collections::HashSet::new();
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        let Some(heading) = line.strip_prefix('#').filter(|_| !fenced).map(|h| h.trim_start_matches('#')).and_then(|h| h.strip_prefix(' ')) else {
+            continue;
+        };
+        let slug: String = heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let count = seen.entry(slug.clone()).or_insert(0);
+        anchors.insert(if *count == 0 { slug } else { format!("{slug}-{count}") });
+        *count += 1;
+    }
+    anchors
+}
+
+#[test]
+fn the_anchors_are_githubs() {
+    let anchors = heading_anchors(
+        "# Performance\n## The test suite's time\n### NVIDIA H100: Q, K and V (2026-12-07, 15:51 UTC)\n```sh\n# a comment\n```\n## Mechanisms\n## Mechanisms\n",
+    );
+    let mut anchors: Vec<&str> = anchors.iter().map(String::as_str).collect();
+    anchors.sort_unstable();
+    assert_eq!(anchors, ["mechanisms", "mechanisms-1", "nvidia-h100-q-k-and-v-2026-12-07-1551-utc", "performance", "the-test-suites-time"]);
+}
+
+/// docs/performance.md is a reference: what each figure means, the commands
+/// that make them and the latest table per machine and model. Without a
+/// bound it grew into a log of every run (1,632 lines, issue 70).
+const PERFORMANCE_MAX_LINES: usize = 300;
+
+#[test]
+fn performance_md_stays_a_reference() {
+    let lines = std::fs::read_to_string(root().join("docs/performance.md")).unwrap().lines().count();
+    assert!(
+        lines <= PERFORMANCE_MAX_LINES,
+        "docs/performance.md has {lines} lines, over its {PERFORMANCE_MAX_LINES}: it keeps what each figure means, the commands \
+         and the latest table per machine and model; a new run replaces its machine's table, and the table it replaces, with \
+         every dated run and its narrative, goes to docs/history/performance-log.md (raw logs in docs/runs/)"
+    );
 }
