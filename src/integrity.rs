@@ -6,6 +6,7 @@
 //! flipped byte in the weights would still parse, and embed wrongly).
 //! Directories without a manifest (a user's own files) are not checked.
 
+use crate::manifest::{Manifest, ManifestError};
 use crate::sync::Recover;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -50,12 +51,13 @@ pub fn verify(paths: &[PathBuf]) -> Result<(), IntegrityError> {
     let mut dirs: Vec<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
     dirs.dedup();
     for dir in dirs {
-        let manifest = dir.join("manifest.json");
-        let Ok(text) = std::fs::read(&manifest) else { continue };
-        let parsed: serde_json::Value =
-            serde_json::from_slice(&text).map_err(|e| IntegrityError::BadManifest { manifest: manifest.clone(), reason: e.to_string() })?;
-        let Some(files) = parsed["files"].as_object() else { continue };
-        for (name, expected) in files {
+        let manifest = dir.join(crate::manifest::FILE);
+        let parsed = match Manifest::read(dir) {
+            Ok(Some(parsed)) => parsed,
+            Ok(None) | Err(ManifestError::Read { .. } | ManifestError::Write { .. }) => continue,
+            Err(ManifestError::Parse { source, .. }) => return Err(IntegrityError::BadManifest { manifest, reason: source.to_string() }),
+        };
+        for (name, expected) in &parsed.files {
             let path = dir.join(name);
             let Some(now) = stamp(&path) else {
                 return Err(IntegrityError::Missing { path, manifest });
@@ -64,8 +66,8 @@ pub fn verify(paths: &[PathBuf]) -> Result<(), IntegrityError> {
                 continue;
             }
             let digest = sha256(&path).map_err(|e| IntegrityError::Unreadable { path: path.clone(), reason: e.to_string() })?;
-            if Some(digest.as_str()) != expected.as_str() {
-                return Err(IntegrityError::Mismatch { path, digest, expected: expected.as_str().unwrap_or("?").to_string() });
+            if digest != *expected {
+                return Err(IntegrityError::Mismatch { path, digest, expected: expected.clone() });
             }
             VERIFIED.locked().get_or_insert_with(HashMap::new).insert(path, now);
         }
@@ -75,8 +77,7 @@ pub fn verify(paths: &[PathBuf]) -> Result<(), IntegrityError> {
 
 /// The sha256 the manifest beside `path` records for it, if one does.
 pub fn recorded_digest(path: &Path) -> Option<String> {
-    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(path.parent()?.join("manifest.json")).ok()?).ok()?;
-    manifest["files"][path.file_name()?.to_str()?].as_str().map(str::to_string)
+    Manifest::beside(path)?.files.get(path.file_name()?.to_str()?).cloned()
 }
 
 #[cfg(test)]

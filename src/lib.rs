@@ -11,6 +11,7 @@ pub mod engine_host;
 pub mod engines;
 pub mod http;
 pub mod integrity;
+pub mod manifest;
 pub mod model;
 pub mod pooling;
 pub mod pull;

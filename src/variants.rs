@@ -33,6 +33,7 @@ use eeane_backend_core::{Backend, CpuFeatures, Devices, EngineError, GraphKind};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{AutoPrecision, Config, ModelConfig};
+use crate::manifest::{GraphCheck, Manifest};
 use crate::model::{Inputs, LoadedModel, ModelError, Output, VariantNote};
 use crate::pull::size::{human_bytes, Available, Need};
 
@@ -243,21 +244,19 @@ pub fn fp16_graph(fp32: &Path) -> Option<PathBuf> {
 
 /// The checks that the prepared model's manifest (beside `fp32`) keeps of
 /// the graphs made beside it: each a graph's file name, or null with why.
-fn made_graphs(fp32: &Path) -> Vec<serde_json::Value> {
-    let manifest: Option<serde_json::Value> = std::fs::read(fp32.with_file_name("manifest.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-    let checks = manifest.and_then(|m| m.get("checks").and_then(|c| c.as_object()).cloned()).unwrap_or_default();
-    checks.into_values().filter(|c| c.get("graph").is_some() && c.get("why").or(c.get("pooling_in_graph")).is_some()).collect()
+fn made_graphs(fp32: &Path) -> Vec<GraphCheck> {
+    Manifest::beside(fp32).map(|m| m.graph_checks()).unwrap_or_default()
 }
 
 /// Whether the graph pools inside, as its prepared manifest says.
 fn pooled_in_graph(graph: &Path) -> bool {
     let name = file_name(graph);
-    made_graphs(graph).iter().any(|c| c["graph"].as_str() == Some(name.as_str()) && c["pooling_in_graph"].is_string())
+    made_graphs(graph).iter().any(|c| c.graph.as_deref() == Some(name.as_str()) && c.pooling_in_graph.is_some())
 }
 
 /// Why no fp16 graph sits beside `fp32`, in words.
 fn no_fp16_graph(fp32: &Path) -> String {
-    match made_graphs(fp32).iter().find_map(|c| c["graph"].is_null().then(|| c["why"].as_str().map(str::to_string)).flatten()) {
+    match made_graphs(fp32).into_iter().find_map(|c| c.graph.is_none().then_some(c.why).flatten()) {
         Some(why) => format!("no GPU graph was made: {why}"),
         None => format!(
             "no {}.fp16.onnx beside {} (a Hub model's is made when its entry is on a CUDA device with precision = \"auto\")",
@@ -432,10 +431,7 @@ impl Store {
 
     fn read(&self, id: &str) -> Option<Survey> {
         match self {
-            Store::Manifest(path) => {
-                let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-                serde_json::from_value(manifest.get("variants")?.get(id)?.clone()).ok()
-            }
+            Store::Manifest(path) => Manifest::beside(path)?.survey(id),
             Store::File(path) => serde_json::from_slice(&std::fs::read(path).ok()?).ok(),
         }
     }
@@ -443,14 +439,10 @@ impl Store {
     fn write(&self, id: &str, survey: &Survey) -> std::io::Result<()> {
         let (path, bytes) = match self {
             Store::Manifest(path) => {
-                let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(path)?)?;
-                let object = manifest.as_object_mut().ok_or_else(|| std::io::Error::other("manifest.json is not an object"))?;
-                let variants = object.entry("variants").or_insert_with(|| serde_json::json!({}));
-                if !variants.is_object() {
-                    *variants = serde_json::json!({});
-                }
-                variants[id] = serde_json::to_value(survey)?;
-                (path.clone(), serde_json::to_vec_pretty(&manifest)?)
+                let dir = path.parent().unwrap_or(Path::new("."));
+                let mut manifest = Manifest::read(dir).map_err(std::io::Error::other)?.ok_or_else(|| std::io::Error::other("manifest.json is gone"))?;
+                manifest.set_survey(id, survey)?;
+                return manifest.write(dir).map_err(std::io::Error::other);
             }
             Store::File(path) => (path.clone(), serde_json::to_vec_pretty(survey)?),
         };
@@ -711,17 +703,13 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, Option<LoadedModel>), M
     let mut trials: Vec<Trial> = Vec::new();
     for (i, variant) in trial_configs.iter().enumerate() {
         let trial = match (variant, &lent) {
-            (Err(e), _) => Trial::failed(format!("could not be loaded: {e}")),
+            (Err(e), _) => Trial::failed(TrialError::Entry(e.clone())),
             (Ok(_), Some(served)) if i == 0 => Trial::served(served, &checks).await,
             (Ok(variant), _) => match needs[i].as_ref().filter(|(need, room)| alone && need.bytes() > room.bytes) {
                 // Measured alone and still too big: not loaded at all (no swap, no OOM kill).
-                Some((need, room)) => Trial::failed(format!(
-                    "does not fit alone: its weights need {} ({}); {} are {}",
-                    human_bytes(need.bytes()),
-                    need.explained(),
-                    human_bytes(room.bytes),
-                    room.from
-                )),
+                Some((need, room)) => {
+                    Trial::failed(TrialError::TooBig { need: need.bytes(), explained: need.explained(), room: room.bytes, room_from: room.from.clone() })
+                }
                 None => Trial::load(variant, server, &checks).await,
             },
         };
@@ -767,7 +755,7 @@ async fn survey(plan: &PendingSurvey) -> Result<(Survey, Option<LoadedModel>), M
     for (candidate, trial) in offered.iter().zip(&trials) {
         let mut m = Measured::unmeasured(candidate.label(), file_name(&candidate.graph));
         match &trial.outcome {
-            Err(why) => m.not_measured = Some(why.clone()),
+            Err(why) => m.not_measured = Some(why.to_string()),
             Ok(got) => {
                 (m.min_cosine, m.mean_cosine) = agreement(got, &want);
                 if trial.best.is_finite() && reference_best.is_finite() {
@@ -872,7 +860,7 @@ fn timing_texts(config: &ModelConfig) -> Vec<String> {
 /// the check texts (or why there are none) and its best timing round.
 struct Trial {
     model: Option<TrialModel>,
-    outcome: Result<Vec<Vec<f32>>, String>,
+    outcome: Result<Vec<Vec<f32>>, TrialError>,
     best: f64,
     /// Why the last timing round failed, if one did.
     timing_error: Option<String>,
@@ -913,30 +901,32 @@ impl TrialModel {
 }
 
 impl Trial {
-    fn failed(why: String) -> Self {
+    fn failed(why: TrialError) -> Self {
         Trial { model: None, outcome: Err(why), best: f64::INFINITY, timing_error: None }
     }
 
     /// Loads the variant and embeds the check texts with it.
     async fn load(variant: &ModelConfig, server: &Config, checks: &Arc<Inputs>) -> Self {
         match LoadedModel::load(variant, server).await {
-            Err(e) => Trial::failed(format!("could not be loaded: {e}")),
-            Ok(model) => Trial { model: Some(TrialModel::Own(Box::new(model))), ..Trial::failed(String::new()) }.checked(checks).await,
+            Err(e) => Trial::failed(TrialError::Load(e)),
+            Ok(model) => Trial::checked(TrialModel::Own(Box::new(model)), checks).await,
         }
     }
 
     /// The served reference, with its vectors for the check texts.
     async fn served(reference: &Weak<LoadedModel>, checks: &Arc<Inputs>) -> Self {
-        Trial { model: Some(TrialModel::Served(reference.clone())), ..Trial::failed(String::new()) }.checked(checks).await
+        Trial::checked(TrialModel::Served(reference.clone()), checks).await
     }
 
-    async fn checked(mut self, checks: &Arc<Inputs>) -> Self {
-        self.outcome = match self.embed(checks.clone()).await {
+    /// `model` with its vectors for the check texts, or why it has none.
+    async fn checked(model: TrialModel, checks: &Arc<Inputs>) -> Self {
+        let mut trial = Trial { model: Some(model), ..Trial::failed(TrialError::ReferenceGone) };
+        trial.outcome = match trial.embed(checks.clone()).await {
             Some(Ok(inference)) => Ok(vectors(inference.output)),
-            Some(Err(e)) => Err(format!("failed the check texts: {e}")),
-            None => Err(REFERENCE_GONE.into()),
+            Some(Err(e)) => Err(TrialError::Check(e)),
+            None => Err(TrialError::ReferenceGone),
         };
-        self
+        trial
     }
 
     /// Embeds `inputs` with the variant; `None` when it is not held (or the
@@ -1076,6 +1066,22 @@ struct CheckAndTiming<'a> {
     want: &'a [Vec<f32>],
     checks: Arc<Inputs>,
     timing: Arc<Inputs>,
+}
+
+/// Why a variant in the survey has no vectors for the check texts: its
+/// `not_measured`, and for the fp32 reference the survey's failure.
+#[derive(Debug, thiserror::Error)]
+enum TrialError {
+    #[error("could not be loaded: {0}")]
+    Entry(EngineError),
+    #[error("could not be loaded: {0}")]
+    Load(ModelError),
+    #[error("does not fit alone: its weights need {} ({explained}); {} are {room_from}", human_bytes(*need), human_bytes(*room))]
+    TooBig { need: u64, explained: String, room: u64, room_from: String },
+    #[error("failed the check texts: {0}")]
+    Check(ModelError),
+    #[error("{}", REFERENCE_GONE)]
+    ReferenceGone,
 }
 
 /// Why a layout was not measured.

@@ -9,6 +9,9 @@
 //!   to another points down the list. Inside a module, files import each
 //!   other without a circle. A file's references to its own ancestors (its
 //!   `mod.rs`, `super::`) are how Rust nests modules and are not arrows.
+//! - No function of src/ or backends/ fails with a bare `String`: an error
+//!   is a type (thiserror), so a caller can tell one failure from another
+//!   and a message is written once, beside the case it names.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -33,6 +36,7 @@ const LAYERS: &[&str] = &[
     "corpus",
     "cpu_sets",
     "integrity",
+    "manifest",
     "sync",
     "allocator",
 ];
@@ -286,4 +290,135 @@ fn resolve(module: &str, path: &[String], modules: &BTreeSet<String>) -> Option<
     }
     let full: Vec<&str> = base.into_iter().chain(segments).collect();
     (0..=full.len()).rev().map(|n| full[..n].join("::")).find(|m| modules.contains(m))
+}
+
+#[test]
+fn no_result_in_src_or_backends_fails_with_a_string() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    let mut folders = vec![root.join("src"), root.join("backends")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap().map(Result::unwrap) {
+            let path = entry.path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "target") {
+                    folders.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let shown = path.strip_prefix(root).unwrap().display().to_string();
+                found.extend(string_errors(&std::fs::read_to_string(&path).unwrap()).into_iter().map(|line| format!("{shown}:{line}")));
+            }
+        }
+    }
+    found.sort();
+    assert!(found.is_empty(), "a Result whose error is a String; give it an error type (thiserror), as src/pull/mod.rs's PullError:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_string_error_check_sees_nested_and_spread_results_and_not_comments_or_strings() {
+    let text = "fn a() -> Result<Vec<u8>, String> {}\n\
+                fn b() -> std::io::Result<String> {}\n\
+                // fn c() -> Result<(), String>\n\
+                /// Result<u8, String> in a doc comment\n\
+                fn d() -> Result <\n    HashMap<String, Vec<(u8, u16)>>,\n    std::string::String,\n> {}\n\
+                fn e() -> Result<Box<dyn Fn(u8) -> u8>, String> {}\n\
+                fn f() -> Result<String, Error> {}\n\
+                /* Result<u8, String> */ fn g() -> MyResult<u8, String> {}\n\
+                const GLOB: &str = \"models/*\"; const QUOTE: char = '\"';\n\
+                fn h() -> Result<u8, String> {} // */\n\
+                const SAID: &str = \"Result<u8, String>\"; const RAW: &str = r#\"a \" Result<u8, String>\"#;\n\
+                fn i() -> Result<u8, String> {}\n";
+    assert_eq!(string_errors(text), vec![1, 5, 9, 13, 15]);
+}
+
+/// The lines (from 1) where a `Result<T, E>` names `String` as `E`, comments
+/// and string literals left out; `T` may nest generics, tuples and closures' `->`, and the type
+/// may spread over lines.
+fn string_errors(text: &str) -> Vec<usize> {
+    let code = without_comments_and_strings(text);
+    let mut lines = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("Result").map(|i| from + i) {
+        from = at + "Result".len();
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let Some(open) = code[from..].trim_start().strip_prefix('<') else { continue };
+        let mut depth = 0usize;
+        let mut args = vec![String::new()];
+        let mut chars = open.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '-' if chars.peek() == Some(&'>') => {
+                    chars.next();
+                    args.last_mut().unwrap().push_str("->");
+                    continue;
+                }
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' if depth == 0 => break,
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 0 => {
+                    args.push(String::new());
+                    continue;
+                }
+                _ => {}
+            }
+            args.last_mut().unwrap().push(c);
+        }
+        // A trailing comma leaves an empty argument.
+        if args.last().is_some_and(|a| a.trim().is_empty()) {
+            args.pop();
+        }
+        if args.len() == 2 && ["String", "std::string::String", "::std::string::String"].contains(&args[1].split_whitespace().collect::<String>().as_str()) {
+            lines.push(code[..at].matches('\n').count() + 1);
+        }
+    }
+    lines
+}
+
+/// `text` with its comments (`//`, `/* */`) and the contents of its string
+/// literals blanked, newlines kept so that line numbers hold: a `"//"` in a
+/// string starts no comment, and a message that quotes a type is no type.
+fn without_comments_and_strings(text: &str) -> String {
+    let newlines = |s: &str| s.chars().filter(|&c| c == '\n').collect::<String>();
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        if let Some(quote) = ["'\"'", "'\\\"'"].into_iter().find(|q| rest.starts_with(q)) {
+            out.push_str(quote);
+            rest = &rest[quote.len()..];
+        } else if let Some(after) = rest.strip_prefix("r#\"") {
+            let end = after.find("\"#").map_or(after.len(), |e| e + 2);
+            out.push_str(&newlines(&after[..end]));
+            rest = &after[end..];
+        } else if let Some(after) = rest.strip_prefix('"') {
+            let mut end = after.len();
+            let mut escaped = false;
+            for (i, c) in after.char_indices() {
+                match c {
+                    '"' if !escaped => {
+                        end = i + 1;
+                        break;
+                    }
+                    '\\' => escaped = !escaped,
+                    _ => escaped = false,
+                }
+            }
+            out.push_str(&newlines(&after[..end]));
+            rest = &after[end..];
+        } else if let Some(after) = rest.strip_prefix("//") {
+            let end = after.find('\n').unwrap_or(after.len());
+            rest = &after[end..];
+        } else if let Some(after) = rest.strip_prefix("/*") {
+            let end = after.find("*/").map_or(after.len(), |e| e + 2);
+            out.push_str(&newlines(&after[..end]));
+            rest = &after[end..];
+        } else {
+            let c = rest.chars().next().unwrap();
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    out
 }

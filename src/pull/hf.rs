@@ -14,6 +14,7 @@ pub fn bars() -> impl Progress {
 use super::hub::{Hub, Progress, RepoRef};
 use super::st::StModel;
 pub use super::target::Target;
+use crate::manifest::Manifest;
 
 /// The files of a repository that serving it needs: the configs
 /// sentence-transformers and transformers read, the tokenizer, each module's
@@ -143,11 +144,13 @@ pub fn resolve(source: &str, downloads: bool, target: &Target) -> Result<Resolve
 /// safetensors ignores the repository's own ONNX, and may serve embeddings only.
 fn read_for(dir: &Path, repo: &str, ships_onnx: bool, target: &Target) -> Result<StModel, PullError> {
     let model = StModel::read(dir, repo, ships_onnx && target.reads_repository_onnx())?;
-    if model.onnx.is_none() && super::st::ONNX_ONLY.contains(&model.architecture.as_str()) && !target.reads_repository_onnx() {
+    if model.family.is_some_and(|f| !f.converted) && !target.reads_repository_onnx() {
         let default = crate::engines::default_engine().name();
         return Err(PullError::Unsupported(format!(
-            "{repo} is a {}; the {} engine's graph is converted from BERT, RoBERTa, XLM-RoBERTa and DistilBERT graphs only (use engine = {default:?})",
-            model.architecture, target.engine
+            "{repo} is a {}; the {} engine's graph is converted from the graphs of {} only (use engine = {default:?})",
+            model.architecture,
+            target.engine,
+            super::families::architectures(true).join(", ")
         )));
     }
     if !model.dense.is_empty() && !target.reads_repository_onnx() {
@@ -196,9 +199,8 @@ pub fn ensure_prepared(source: &str, cache: &Path, downloads: bool, target: &Tar
 /// Whether `out` holds the model prepared from `pinned` (hf:REPO@COMMIT) for
 /// `target`, with its device graph made (or refused, with why) when it asks for one.
 fn is_prepared(out: &Path, pinned: &str, target: &Target) -> bool {
-    let manifest: Option<serde_json::Value> = std::fs::read(out.join("manifest.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-    let device_graph = |m: &serde_json::Value| target.device_graph.is_none_or(|g| m["checks"].get(g.manifest_check).is_some());
-    manifest.is_some_and(|m| m["source"]["hub"] == pinned && device_graph(&m)) && out.join(target.model_file()).is_file()
+    let device_graph = |m: &Manifest| target.device_graph.is_none_or(|g| m.checks.contains_key(g.manifest_check));
+    Manifest::find(out).is_some_and(|m| m.source.hub.as_deref() == Some(pinned) && device_graph(&m)) && out.join(target.model_file()).is_file()
 }
 
 /// An exclusive lock on preparing `repo` in `cache` (released when dropped):
@@ -287,7 +289,7 @@ fn pull_unlocked(source: &str, cache: &Path, download_only: bool, target: &Targe
         Some(file) => super::torch_bin::converted(&mut settings, &entry, file),
         None => entry,
     };
-    let settings = settings.to_string();
+    let settings = serde_json::to_string(&settings).map_err(|e| PullError::Io(format!("cannot write the settings for models/prepare.py: {e}")))?;
     let mut args = vec![
         "--hf-snapshot".into(),
         snapshot.dir.display().to_string(),

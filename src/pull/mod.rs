@@ -6,6 +6,7 @@
 
 pub mod catalog;
 pub mod download;
+pub mod families;
 pub mod hf;
 pub mod hub;
 pub mod size;
@@ -18,6 +19,8 @@ use std::process::Command;
 
 use catalog::Catalog;
 use download::Fetched;
+
+use crate::manifest::Manifest;
 
 /// Why a pull (from the package registry or the Hub) or a preparation failed.
 /// Each carries the whole message, naming the file, URL or setting at fault.
@@ -177,28 +180,19 @@ pub fn cached_models(cache: &Path) -> Vec<CachedModel> {
         .filter(|e| e.path().is_dir())
         .map(|e| {
             let dir = e.path();
-            let manifest: Option<serde_json::Value> = std::fs::read(dir.join("manifest.json")).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
-            let complete = manifest.as_ref().and_then(|m| m["files"].as_object()).is_some_and(|files| files.keys().all(|f| dir.join(f).is_file()));
+            let manifest = Manifest::find(&dir);
+            let complete = manifest.as_ref().is_some_and(|m| m.complete_in(&dir));
             let source = manifest.as_ref().map(|m| {
-                let s = &m["source"];
-                let made_from = ["built_from", "converted_from", "quantized_from"].iter().find_map(|k| s[*k].as_str());
-                match (s["package"].as_str(), made_from) {
-                    _ if s["hub"].is_string() => s["hub"].as_str().unwrap_or_default().to_string(),
-                    (Some(package), _) => package.to_string(),
-                    (None, Some(model)) => format!("made from {model}"),
-                    (None, None) => s.to_string(),
+                let s = &m.source;
+                let made_from = [&s.built_from, &s.converted_from, &s.quantized_from].into_iter().find_map(Option::as_deref);
+                match (&s.hub, &s.package, made_from) {
+                    (Some(hub), _, _) => hub.clone(),
+                    (None, Some(package), _) => package.clone(),
+                    (None, None, Some(model)) => format!("made from {model}"),
+                    (None, None, None) => serde_json::to_string(s).unwrap_or_default(),
                 }
             });
-            let chosen_variants = manifest
-                .as_ref()
-                .and_then(|m| m["variants"].as_object())
-                .map(|surveys| {
-                    surveys
-                        .iter()
-                        .map(|(id, s)| (id.clone(), s["chosen"].as_str().unwrap_or("?").to_string(), s["reason"].as_str().unwrap_or_default().to_string()))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let chosen_variants = manifest.as_ref().map(Manifest::chosen_variants).unwrap_or_default();
             CachedModel { name: e.file_name().to_string_lossy().into_owned(), bytes: dir_bytes(&dir), source, complete, chosen_variants }
         })
         .collect();

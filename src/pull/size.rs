@@ -21,26 +21,63 @@ pub struct Weights {
     pub from: String,
 }
 
+/// Why a checkpoint's safetensors could not be found or counted; each says
+/// which file is at fault, for the pull's refusal.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("no model.safetensors and no model.safetensors.index.json")]
+    NoWeights,
+    #[error("model.safetensors.index.json is not JSON ({0})")]
+    IndexNotJson(serde_json::Error),
+    #[error("model.safetensors.index.json has no weight_map")]
+    NoWeightMap,
+    #[error("model.safetensors.index.json names {}, which the snapshot lacks", .0.join(", "))]
+    MissingShards(Vec<String>),
+    #[error("model.safetensors.index.json names no shard")]
+    NoShards,
+    #[error("{}: {reason}", path.display())]
+    Header { path: PathBuf, reason: HeaderError },
+}
+
+/// Why a file's safetensors header could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HeaderError {
+    #[error("{0}")]
+    Open(std::io::Error),
+    #[error("no safetensors header ({0})")]
+    NoLength(std::io::Error),
+    #[error("a header of {0} bytes: not a safetensors file")]
+    TooLong(u64),
+    #[error("the header is cut short ({0})")]
+    CutShort(std::io::Error),
+    #[error("the header is not JSON ({0})")]
+    NotJson(serde_json::Error),
+    #[error("tensor {0} has no shape")]
+    NoShape(String),
+    #[error("tensor {0} has no data_offsets")]
+    NoDataOffsets(String),
+}
+
 /// The safetensors files of a checkpoint folder, as transformers looks for
 /// them: `model.safetensors`, else every shard `model.safetensors.index.json`
 /// names. An index naming a shard the folder lacks is refused.
-pub fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+pub fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     if dir.join("model.safetensors").is_file() {
         return Ok(vec![dir.join("model.safetensors")]);
     }
     let index = dir.join("model.safetensors.index.json");
-    let text = std::fs::read(&index).map_err(|_| "no model.safetensors and no model.safetensors.index.json".to_string())?;
-    let parsed: serde_json::Value = serde_json::from_slice(&text).map_err(|e| format!("model.safetensors.index.json is not JSON ({e})"))?;
-    let map = parsed["weight_map"].as_object().ok_or("model.safetensors.index.json has no weight_map")?;
+    let text = std::fs::read(&index).map_err(|_| CheckpointError::NoWeights)?;
+    let parsed: serde_json::Value = serde_json::from_slice(&text).map_err(CheckpointError::IndexNotJson)?;
+    let map = parsed["weight_map"].as_object().ok_or(CheckpointError::NoWeightMap)?;
     let mut shards: Vec<&str> = map.values().filter_map(serde_json::Value::as_str).collect();
     shards.sort_unstable();
     shards.dedup();
-    let missing: Vec<&str> = shards.iter().copied().filter(|s| !dir.join(s).is_file()).collect();
+    let missing: Vec<String> = shards.iter().filter(|s| !dir.join(s).is_file()).map(|s| s.to_string()).collect();
     if !missing.is_empty() {
-        return Err(format!("model.safetensors.index.json names {}, which the snapshot lacks", missing.join(", ")));
+        return Err(CheckpointError::MissingShards(missing));
     }
     if shards.is_empty() {
-        return Err("model.safetensors.index.json names no shard".into());
+        return Err(CheckpointError::NoShards);
     }
     Ok(shards.iter().map(|s| dir.join(s)).collect())
 }
@@ -48,10 +85,10 @@ pub fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
 /// The parameters and data bytes of safetensors files, from their headers
 /// (an 8-byte little-endian length, then that much JSON: each tensor's
 /// dtype, shape and data offsets); no weight is read.
-pub fn safetensors(files: &[PathBuf]) -> Result<Weights, String> {
+pub fn safetensors(files: &[PathBuf]) -> Result<Weights, CheckpointError> {
     let (mut parameters, mut bytes) = (0u64, 0u64);
     for path in files {
-        let (p, b) = safetensors_header(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let (p, b) = safetensors_header(path).map_err(|reason| CheckpointError::Header { path: path.clone(), reason })?;
         parameters += p;
         bytes += b;
     }
@@ -62,22 +99,22 @@ pub fn safetensors(files: &[PathBuf]) -> Result<Weights, String> {
     Ok(Weights { parameters, stored_bytes: Some(bytes), from })
 }
 
-fn safetensors_header(path: &Path) -> Result<(u64, u64), String> {
-    let mut file = File::open(path).map_err(|e| e.to_string())?;
+fn safetensors_header(path: &Path) -> Result<(u64, u64), HeaderError> {
+    let mut file = File::open(path).map_err(HeaderError::Open)?;
     let mut length = [0u8; 8];
-    file.read_exact(&mut length).map_err(|e| format!("no safetensors header ({e})"))?;
+    file.read_exact(&mut length).map_err(HeaderError::NoLength)?;
     let length = u64::from_le_bytes(length);
     if length > 100 << 20 {
-        return Err(format!("a header of {length} bytes: not a safetensors file"));
+        return Err(HeaderError::TooLong(length));
     }
     let mut header = vec![0u8; length as usize];
-    file.read_exact(&mut header).map_err(|e| format!("the header is cut short ({e})"))?;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header).map_err(|e| format!("the header is not JSON ({e})"))?;
+    file.read_exact(&mut header).map_err(HeaderError::CutShort)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header).map_err(HeaderError::NotJson)?;
     let (mut parameters, mut bytes) = (0u64, 0u64);
     for (name, tensor) in header.iter().filter(|(name, _)| *name != "__metadata__") {
-        let shape = tensor["shape"].as_array().ok_or_else(|| format!("tensor {name} has no shape"))?;
+        let shape = tensor["shape"].as_array().ok_or_else(|| HeaderError::NoShape(name.clone()))?;
         parameters += shape.iter().map(|d| d.as_u64().unwrap_or(0)).product::<u64>();
-        let offsets = tensor["data_offsets"].as_array().ok_or_else(|| format!("tensor {name} has no data_offsets"))?;
+        let offsets = tensor["data_offsets"].as_array().ok_or_else(|| HeaderError::NoDataOffsets(name.clone()))?;
         if let [start, end] = offsets.as_slice() {
             bytes += end.as_u64().unwrap_or(0).saturating_sub(start.as_u64().unwrap_or(0));
         }
@@ -210,10 +247,9 @@ fn invalid(what: &str) -> std::io::Error {
 /// ONNX graph's initializers; `None` for a graph of another format or a
 /// file that cannot be read.
 pub fn prepared(model: &Path) -> Option<Weights> {
-    let manifest: Option<serde_json::Value> = std::fs::read(model.parent()?.join("manifest.json")).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
-    if let Some(count) = manifest.as_ref().and_then(|m| m["parameters"]["count"].as_u64()) {
-        let from = manifest.as_ref().and_then(|m| m["parameters"]["from"].as_str()).unwrap_or("the repository's weights");
-        return Some(Weights { parameters: count, stored_bytes: None, from: format!("{from}, recorded in manifest.json") });
+    if let Some(parameters) = crate::manifest::Manifest::beside(model).and_then(|m| m.parameters) {
+        let from = parameters.from.as_deref().unwrap_or("the repository's weights");
+        return Some(Weights { parameters: parameters.count, stored_bytes: None, from: format!("{from}, recorded in manifest.json") });
     }
     if model.extension().is_some_and(|e| e == "onnx") {
         return onnx(model).ok();
@@ -561,9 +597,9 @@ mod tests {
         assert_eq!(estimate.from, "model.safetensors.index.json's total_size of 14.1 GiB in bfloat16");
         // No weights at all: a clear reason.
         let empty = tempfile::tempdir().unwrap();
-        assert!(checkpoint_files(empty.path()).unwrap_err().contains("no model.safetensors and no model.safetensors.index.json"));
+        assert!(checkpoint_files(empty.path()).unwrap_err().to_string().contains("no model.safetensors and no model.safetensors.index.json"));
         std::fs::write(empty.path().join("model.safetensors.index.json"), r#"{"weight_map": {"a": "model-00001-of-00002.safetensors"}}"#).unwrap();
-        assert!(checkpoint_files(empty.path()).unwrap_err().contains("model-00001-of-00002.safetensors, which the snapshot lacks"));
+        assert!(checkpoint_files(empty.path()).unwrap_err().to_string().contains("model-00001-of-00002.safetensors, which the snapshot lacks"));
     }
 
     #[test]

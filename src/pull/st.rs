@@ -11,54 +11,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::families::{self, Family};
+use crate::manifest::{DenseModule, HubSettings, ScoreTokens, Setting};
 use crate::rerank_template::RerankTemplate;
-
-/// Architectures whose graph eeane builds for the ONNX engines only: the
-/// decoder embedders and Gemma 1-3 (`models/decoder_onnx.py`), ModernBERT
-/// (`models/modernbert_onnx.py`) and MPNet (its relative position bias); an
-/// engine that converts from the BERT builder's graph (ncnn) does not take
-/// them.
-pub const ONNX_ONLY: &[&str] = &[
-    "Qwen3Model",
-    "Qwen3ForCausalLM",
-    "Qwen2Model",
-    "Qwen2ForCausalLM",
-    "MistralModel",
-    "MistralForCausalLM",
-    "LlamaModel",
-    "LlamaForCausalLM",
-    "GemmaModel",
-    "GemmaForCausalLM",
-    "Gemma2Model",
-    "Gemma2ForCausalLM",
-    "Gemma3TextModel",
-    "Gemma3ForCausalLM",
-    "ModernBertModel",
-    "ModernBertForMaskedLM",
-    "MPNetModel",
-    "MPNetForMaskedLM",
-];
-
-/// Encoders whose graph eeane builds from safetensors (`models/bert_onnx.py`),
-/// which ncnn's converter takes too; with `ONNX_ONLY`, every architecture
-/// built from safetensors.
-pub const CONVERTIBLE_ENCODERS: &[&str] = &[
-    "BertModel",
-    "BertForMaskedLM",
-    "BertForPreTraining",
-    "BertForSequenceClassification",
-    "RobertaModel",
-    "RobertaForMaskedLM",
-    "RobertaForSequenceClassification",
-    "XLMRobertaModel",
-    "XLMRobertaForMaskedLM",
-    "XLMRobertaForSequenceClassification",
-    "CamembertModel",
-    "CamembertForMaskedLM",
-    "DistilBertModel",
-    "DistilBertForMaskedLM",
-    "DistilBertForSequenceClassification",
-];
 
 /// The positions a model can embed: `max_position_embeddings` (within a
 /// sliding window in use), less the rows (XLM-)RoBERTa spends on numbering
@@ -91,6 +46,9 @@ fn inferred<T>(value: T, from: &str) -> Inferred<T> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StModel {
     pub architecture: String,
+    /// The row of models/families.toml that builds its graph; `None` when
+    /// the repository's own ONNX graph is served.
+    pub family: Option<&'static Family>,
     /// A cross-encoder (`*ForSequenceClassification` with one label): served
     /// on /rerank, its logit through a sigmoid as CrossEncoder scores one.
     pub reranker: bool,
@@ -155,16 +113,8 @@ const LANGUAGE_MODEL_RERANKER_TOKENS: u64 = 8192;
 /// bge-reranker-v2-gemma's card's max_length: the pair's budget, before the prompt.
 const BGE_GEMMA_PAIR_TOKENS: usize = 1024;
 
-/// A sentence-transformers Dense module: its folder and the torch class of
-/// its activation, as its config.json names them.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DenseModule {
-    pub path: String,
-    pub activation: String,
-}
-
 /// The activations of a Dense module that the prepared graph applies
-/// (models/bert_onnx.py `DENSE_ACTIVATIONS`).
+/// (models/graph_tail.py `DENSE_ACTIVATIONS`).
 const DENSE_ACTIVATIONS: &[&str] = &[
     "torch.nn.modules.linear.Identity",
     "torch.nn.modules.activation.Tanh",
@@ -186,7 +136,7 @@ pub fn unsupported(repo: &str, architecture: &str) -> String {
     format!(
         "{repo} is a {architecture}; eeane builds graphs from safetensors for {} only, and serves any architecture from an ONNX file. \
          Export one with `optimum-cli export onnx --model {repo} --task feature-extraction {}-onnx/` and serve its model.onnx with engine = {:?}",
-        CONVERTIBLE_ENCODERS.iter().chain(ONNX_ONLY).copied().collect::<Vec<_>>().join(", "),
+        families::architectures(false).join(", "),
         repo.rsplit('/').next().unwrap_or(repo),
         crate::engines::default_engine().name()
     )
@@ -199,7 +149,8 @@ impl StModel {
         let config = read_json(dir, "config.json")?.ok_or_else(|| PullError::Unsupported(format!("{repo} has no config.json: not a transformers model")))?;
         let architecture = config["architectures"].get(0).and_then(Value::as_str).unwrap_or("").to_string();
         let onnx = (ships_onnx || dir.join("onnx/model.onnx").is_file()).then(|| "onnx/model.onnx".to_string());
-        if onnx.is_none() && !CONVERTIBLE_ENCODERS.iter().chain(ONNX_ONLY).any(|a| *a == architecture) {
+        let family = onnx.is_none().then(|| families::for_architecture(&architecture)).flatten();
+        if onnx.is_none() && family.is_none() {
             return Err(PullError::Unsupported(unsupported(repo, if architecture.is_empty() { "model without `architectures`" } else { &architecture })));
         }
         // Its own modeling code (trust_remote_code): the graph eeane builds is
@@ -213,13 +164,13 @@ impl StModel {
             )));
         }
         if architecture.ends_with("ForSequenceClassification") {
-            return Self::cross_encoder(dir, repo, architecture, &config, onnx);
+            return Self::cross_encoder(dir, repo, architecture, &config, onnx).map(|m| StModel { family, ..m });
         }
         let modules = read_json(dir, "modules.json")?;
         // A causal language model without sentence-transformers' modules,
         // named a reranker (Qwen/Qwen3-Reranker-0.6B): scored by its head.
         if architecture.ends_with("ForCausalLM") && modules.is_none() && repo.to_lowercase().contains("rerank") && onnx.is_none() {
-            return Self::language_model_reranker(dir, repo, architecture, &config);
+            return Self::language_model_reranker(dir, repo, architecture, &config).map(|m| StModel { family, ..m });
         }
         let modules: Vec<Value> = modules.as_ref().and_then(Value::as_array).cloned().unwrap_or_default();
         let module_of = |kind: &str| modules.iter().find(|m| m["type"].as_str().is_some_and(|t| t.ends_with(kind)));
@@ -322,6 +273,7 @@ impl StModel {
             st.as_ref().and_then(|s| s["default_prompt_name"].as_str()).map(|n| inferred(n.to_string(), "config_sentence_transformers.json"));
         Ok(StModel {
             architecture,
+            family,
             pooling,
             normalize,
             max_tokens: Inferred { value: max_tokens.value as usize, from: max_tokens.from },
@@ -345,7 +297,7 @@ impl StModel {
         if !matches!(family, "qwen3" | "gemma") {
             return Err(PullError::Unsupported(format!(
                 "{repo} is a {architecture} reranker; eeane scores language-model rerankers with Qwen3-Reranker's template \
-                 (Qwen3ForCausalLM) and bge-reranker-v2-gemma's (GemmaForCausalLM) only so far"
+                 (model_type qwen3) and bge-reranker-v2-gemma's (model_type gemma) only so far"
             )));
         }
         let positions = positions(config).unwrap_or(LANGUAGE_MODEL_RERANKER_TOKENS);
@@ -373,6 +325,7 @@ impl StModel {
         };
         Ok(StModel {
             architecture,
+            family: None,
             reranker: true,
             pooling: inferred("none", "the graph scores the pair at its last token"),
             normalize: inferred(false, "a score, not a vector"),
@@ -411,6 +364,7 @@ impl StModel {
         };
         Ok(StModel {
             architecture,
+            family: None,
             reranker: true,
             pooling: inferred("none", "config.json (a sequence classifier scores its pair itself)"),
             normalize: inferred(false, "config.json (a score, not a vector)"),
@@ -428,32 +382,27 @@ impl StModel {
 }
 
 impl StModel {
-    /// What was read and from which file, for the prepared model's manifest.
-    pub fn settings(&self) -> serde_json::Value {
-        let mut settings = serde_json::json!({
-            "architecture": self.architecture,
-            "kind": if self.reranker { "reranker" } else { "embedding" },
-            "weights": self.onnx.clone().unwrap_or_else(|| "model.safetensors".into()),
-            "pooling": {"value": self.pooling.value, "from": self.pooling.from},
-            "normalize": {"value": self.normalize.value, "from": self.normalize.from},
-            "max_tokens": {"value": self.max_tokens.value, "from": self.max_tokens.from},
-            "prompts": {"value": self.prompts.value, "from": self.prompts.from},
-        });
-        if let Some(activation) = &self.score_activation {
-            settings["score_activation"] = serde_json::json!({"value": activation.value, "from": activation.from});
+    /// What was read and from which file: what models/prepare.py builds,
+    /// and what the prepared model's manifest records.
+    pub fn settings(&self) -> HubSettings {
+        fn setting<T: Clone, U: From<T>>(inferred: &Inferred<T>) -> Setting<U> {
+            Setting { value: inferred.value.clone().into(), from: inferred.from.clone() }
         }
-        if let Some(pooling) = self.graph_pooling {
-            let dense: Vec<Value> = self.dense.iter().map(|d| serde_json::json!({"path": d.path, "activation": d.activation})).collect();
-            settings["dense"] = Value::Array(dense);
-            settings["graph_pooling"] = Value::from(pooling);
+        HubSettings {
+            architecture: self.architecture.clone(),
+            family: self.family.map(|f| f.name.clone()),
+            kind: if self.reranker { "reranker" } else { "embedding" }.into(),
+            weights: self.onnx.clone().unwrap_or_else(|| "model.safetensors".into()),
+            pooling: setting(&self.pooling),
+            normalize: setting(&self.normalize),
+            max_tokens: setting(&self.max_tokens),
+            prompts: setting(&self.prompts),
+            score_activation: self.score_activation.as_ref().map(setting),
+            dense: self.graph_pooling.map(|_| self.dense.clone()),
+            graph_pooling: self.graph_pooling.map(str::to_string),
+            default_prompt_name: self.default_prompt_name.as_ref().map(setting),
+            score_tokens: self.score_tokens.as_ref().map(|(yes, no)| ScoreTokens { relevant: yes.clone(), irrelevant: no.clone() }),
         }
-        if let Some(default) = &self.default_prompt_name {
-            settings["default_prompt_name"] = serde_json::json!({"value": default.value, "from": default.from});
-        }
-        if let Some((yes, no)) = &self.score_tokens {
-            settings["score_tokens"] = serde_json::json!({"true": yes, "false": no});
-        }
-        settings
     }
 
     /// The `[[models]]` entry that serves the prepared model, each inferred

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use serde_json::Value;
+use crate::manifest::HubSettings;
 
 pub const WEIGHTS: &str = "pytorch_model.bin";
 pub const INDEX: &str = "pytorch_model.bin.index.json";
@@ -49,9 +49,9 @@ pub fn in_snapshot(dir: &Path) -> Option<&'static str> {
 
 /// The settings recorded in the manifest and the printed entry, saying that
 /// the graph's weights come from `file`, converted to model.safetensors.
-pub fn converted(settings: &mut Value, entry: &str, file: &str) -> String {
+pub fn converted(settings: &mut HubSettings, entry: &str, file: &str) -> String {
     let how = format!("{file}, converted to model.safetensors without running its pickle");
-    settings["weights"] = Value::from(how.clone());
+    settings.weights = how.clone();
     entry.replace(", graph built from model.safetensors", &format!(", graph built from {how}"))
 }
 
@@ -103,6 +103,6 @@ mod tests {
         let mut settings = model.settings();
         let entry = converted(&mut settings, &model.entry("org/old", "abc", "hf--org--old", &Target::default_engine()), WEIGHTS);
         assert!(entry.contains("graph built from pytorch_model.bin, converted to model.safetensors without running its pickle"), "{entry}");
-        assert_eq!(settings["weights"], "pytorch_model.bin, converted to model.safetensors without running its pickle");
+        assert_eq!(settings.weights, "pytorch_model.bin, converted to model.safetensors without running its pickle");
     }
 }
