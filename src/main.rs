@@ -396,8 +396,7 @@ fn pull_sources(config: &Config) -> ExitCode {
     let mut failed = 0;
     for m in config.models.iter().filter(|m| m.policy(&config.server) != eeane::config::LoadPolicy::Disabled) {
         let Some(source) = &m.source else { continue };
-        let target = eeane::pull::hf::Target::for_engine(&m.engine, m.onnx_file.as_deref()).map(|t| t.with_device_graph(&m.device, m.auto_precision.is_some()));
-        match target.and_then(|target| eeane::pull::hf::ensure_prepared(source, &config.cache_dir(), config.server.hub_downloads, &target)) {
+        match m.ensure_hub_prepared(config) {
             Ok(()) => eprintln!("{}: {source} ready in {}", m.id, m.model.path().display()),
             Err(e) => {
                 eprintln!("eeane pull: {}: {e}", m.id);

@@ -162,12 +162,10 @@ impl LoadedModel {
         if let Some(reason) = &config.unavailable {
             return Err(ModelError::Engine(EngineError::Model(reason.clone())));
         }
-        if let Some(source) = config.source.clone() {
+        if config.source.is_some() {
             // A Hub model's weights come (and are prepared) at its first load.
-            let (cache, downloads) = (server.cache_dir(), server.server.hub_downloads);
-            let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref())?
-                .with_device_graph(&config.device, config.auto_precision.is_some());
-            blocking(&config.id, "Hub fetch", move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target)).await??;
+            let (entry, server) = (config.clone(), server.clone());
+            blocking(&config.id, "Hub fetch", move || entry.ensure_hub_prepared(&server)).await??;
         }
         let files = vec![config.model.path(), config.tokenizer.path()];
         blocking(&config.id, "manifest check", move || crate::integrity::verify(&files)).await??;

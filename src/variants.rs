@@ -533,9 +533,8 @@ pub async fn load(config: &ModelConfig, server: &Config) -> Result<Loaded, Model
     }
     if config.source.is_some() {
         // A Hub model's files come at its first load: before any variant is looked for.
-        let target = crate::pull::hf::Target::for_engine(&config.engine, config.onnx_file.as_deref())?.with_device_graph(&config.device, true);
-        let (source, cache, downloads) = (config.source.clone().unwrap_or_default(), server.cache_dir(), server.server.hub_downloads);
-        tokio::task::spawn_blocking(move || crate::pull::hf::ensure_prepared(&source, &cache, downloads, &target))
+        let (entry, server) = (config.clone(), server.clone());
+        tokio::task::spawn_blocking(move || entry.ensure_hub_prepared(&server))
             .await
             .map_err(|e| ModelError::Engine(EngineError::Model(format!("Hub fetch: {e}"))))??;
     }

@@ -1,7 +1,25 @@
 //! A `source = "hf:..."` entry's unset keys, read from its repository as
 //! sentence-transformers reads them (`pull::hf::resolve`).
 
-use super::{length_ladder, Config, ConfigPath, ModelKind, Pooling, ScoreActivation};
+use super::{length_ladder, Config, ConfigPath, ModelConfig, ModelKind, Pooling, ScoreActivation};
+use crate::pull::hf::Target;
+use crate::pull::PullError;
+
+impl ModelConfig {
+    /// What this entry's Hub source is prepared into: its engine's target,
+    /// with the device graph its `precision = "auto"` measures.
+    pub fn hub_target(&self) -> Result<Target, PullError> {
+        Target::for_engine(&self.engine, self.onnx_file.as_deref()).map(|t| t.with_device_graph(&self.device, self.auto_precision.is_some()))
+    }
+
+    /// Fetches and prepares this entry's Hub source unless it is prepared
+    /// (blocking: run it off the async runtime); nothing for an entry
+    /// without a source.
+    pub fn ensure_hub_prepared(&self, server: &Config) -> Result<(), PullError> {
+        let Some(source) = &self.source else { return Ok(()) };
+        crate::pull::hf::ensure_prepared(source, &server.cache_dir(), server.server.hub_downloads, &self.hub_target()?)
+    }
+}
 
 impl Config {
     /// Fills in each `source` entry's unset keys from its repository's files
@@ -16,8 +34,7 @@ impl Config {
             if !set("engine") {
                 m.engine = crate::engines::default_engine().name().into();
             }
-            let resolved = crate::pull::hf::Target::for_engine(&m.engine, m.onnx_file.as_deref())
-                .and_then(|target| crate::pull::hf::resolve(&source, downloads, &target).map(|resolved| (resolved, target)));
+            let resolved = m.hub_target().and_then(|target| crate::pull::hf::resolve(&source, downloads, &target).map(|resolved| (resolved, target)));
             match resolved {
                 Ok((resolved, target)) => {
                     let mut take = |key: &str, value: String, from: &str| {
